@@ -1,0 +1,5 @@
+"""How to start: one module per backend, each a pure function to a ``LaunchPlan``."""
+
+from determined_launch.backends.plan import FileToWrite, JobRuntime, LaunchPlan
+
+__all__ = ["FileToWrite", "JobRuntime", "LaunchPlan"]

@@ -1,0 +1,64 @@
+"""``LaunchPlan``: what a backend wants run, as data.
+
+Backends never start processes. They turn ``ClusterInfo`` (where am I), a
+``JobRuntime`` (the impure choices made once at launch: job directory, ports,
+secret) and the user's arguments into a ``LaunchPlan``, and ``supervise``
+runs it. Keeping the builders pure is what lets every command line be unit
+tested without starting anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Mapping
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class FileToWrite:
+    """A file the plan needs on disk before its command starts (hostfiles,
+    env files). Written atomically with ``mode`` inside the job directory."""
+
+    path: str
+    content: str
+    mode: int = 0o600
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRuntime:
+    """Per-launch choices, made by the entry point before any builder runs.
+
+    ``job_dir`` is a fresh 0700 directory private to this job on this node.
+    ``secret`` authenticates launcher control traffic and DistributedContext
+    messages (``None`` only when the user explicitly runs without one).
+    """
+
+    job_dir: str
+    master_port: int
+    control_port: int
+    dist_port: int
+    secret: Optional[str]
+    cluster_info_file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """One command for ``supervise`` to run on this node.
+
+    ``env`` is applied on top of the launcher's own environment; ``unset_env``
+    names variables to remove (for example a parent torchrun's ``RANK`` that
+    must not leak into a nested launch).
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    files: tuple[FileToWrite, ...] = ()
+    unset_env: tuple[str, ...] = ()
+    #: Human-readable name for logs and the exit summary ("torchrun", ...).
+    name: str = "job"
+
+    def render(self) -> str:
+        """The command as a shell line, for ``--dry-run`` and error messages."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()

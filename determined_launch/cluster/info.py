@@ -1,0 +1,244 @@
+"""``ClusterInfo``: where this node sits in the job, validated once.
+
+Every detector produces the same frozen ``ClusterInfo`` through
+``ClusterInfo.from_mapping``, so validation lives in exactly one place and
+every source reports mistakes the same way: one line naming the source and
+the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from determined_launch.errors import ClusterInfoError
+
+_TOP_LEVEL_KEYS = {
+    "container_addrs",
+    "container_rank",
+    "container_slot_counts",
+    "slot_ids",
+    "trial",
+    "latest_checkpoint",
+    "job_secret",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialInfo:
+    """The seed's ``info.trial``: identity and hyperparameters of this run."""
+
+    trial_id: int
+    hparams: Mapping[str, Any]
+    trial_seed: int = 0
+    experiment_id: Optional[int] = None
+    # The searcher's target length; ``core.init``'s searcher uses it when set.
+    max_length: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """Rendezvous information for one node (one "container") of a job.
+
+    Attributes mirror Determined's ``det.get_cluster_info()`` so that seed
+    code reading ``info.container_addrs`` or ``info.trial.hparams`` runs as is.
+    """
+
+    container_addrs: tuple[str, ...]
+    container_rank: int
+    container_slot_counts: tuple[int, ...]
+    slot_ids: tuple[int, ...]
+    source: str
+    trial: Optional[TrialInfo] = None
+    latest_checkpoint: Optional[str] = None
+    # Shared secret for authenticating launcher and DistributedContext
+    # traffic; never printed (see ``to_dict``).
+    job_secret: Optional[str] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def chief_ip(self) -> str:
+        return self.container_addrs[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.container_addrs)
+
+    @property
+    def slots_per_node(self) -> int:
+        """This node's slot count."""
+        return self.container_slot_counts[self.container_rank]
+
+    @property
+    def total_slots(self) -> int:
+        return sum(self.container_slot_counts)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.container_rank == 0
+
+    @property
+    def single_node(self) -> bool:
+        return self.num_nodes == 1
+
+    def to_dict(self, *, include_secret: bool = False) -> dict[str, Any]:
+        """JSON-ready form, in the cluster-info file schema plus derived fields."""
+        out: dict[str, Any] = {
+            "source": self.source,
+            "container_addrs": list(self.container_addrs),
+            "container_rank": self.container_rank,
+            "container_slot_counts": list(self.container_slot_counts),
+            "slot_ids": list(self.slot_ids),
+            "chief_ip": self.chief_ip,
+            "num_nodes": self.num_nodes,
+            "latest_checkpoint": self.latest_checkpoint,
+            "trial": dataclasses.asdict(self.trial) if self.trial else None,
+        }
+        if include_secret:
+            out["job_secret"] = self.job_secret
+        else:
+            out["job_secret"] = "<set>" if self.job_secret else None
+        return out
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, source: str, where: str) -> ClusterInfo:
+        """Validate ``data`` (a decoded cluster-info document).
+
+        ``where`` names the origin in error messages (a file path or an
+        environment variable), ``source`` names the detector.
+        """
+        return _Validator(where).cluster_info(data, source)
+
+    @classmethod
+    def from_json_file(cls, path: str, *, source: str) -> ClusterInfo:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ClusterInfoError(f"cluster info file {path}: cannot read: {e.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ClusterInfoError(
+                f"cluster info file {path}: invalid JSON at line {e.lineno} column {e.colno}: "
+                f"{e.msg}"
+            ) from None
+        return cls.from_mapping(data, source=source, where=f"cluster info file {path}")
+
+
+class _Validator:
+    """Type checks that name the offending field; bool is never an int here."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, field: str, problem: str) -> ClusterInfoError:
+        return ClusterInfoError(f"{self.where}: field '{field}': {problem}")
+
+    def integer(self, value: Any, field: str, *, minimum: Optional[int] = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(field, f"expected an integer, got {json.dumps(value)}")
+        if minimum is not None and value < minimum:
+            raise self.fail(field, f"must be >= {minimum}, got {value}")
+        return value
+
+    def int_list(self, value: Any, field: str, *, minimum: int) -> tuple[int, ...]:
+        if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+            raise self.fail(field, f"expected a list of integers, got {json.dumps(value)}")
+        return tuple(
+            self.integer(v, f"{field}[{i}]", minimum=minimum) for i, v in enumerate(value)
+        )
+
+    def required(self, data: Mapping[str, Any], field: str) -> Any:
+        if field not in data:
+            raise self.fail(field, "missing")
+        return data[field]
+
+    def cluster_info(self, data: Any, source: str) -> ClusterInfo:
+        if not isinstance(data, Mapping):
+            raise ClusterInfoError(f"{self.where}: expected a JSON object at the top level")
+        unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
+        if unknown:
+            raise self.fail(unknown[0], f"unknown key (expected one of {sorted(_TOP_LEVEL_KEYS)})")
+
+        addrs_raw = self.required(data, "container_addrs")
+        if not isinstance(addrs_raw, Sequence) or isinstance(addrs_raw, (str, bytes)):
+            raise self.fail("container_addrs", "expected a list of host addresses")
+        if not addrs_raw:
+            raise self.fail("container_addrs", "must name at least one node")
+        for i, a in enumerate(addrs_raw):
+            if not isinstance(a, str) or not a.strip():
+                raise self.fail(f"container_addrs[{i}]", f"expected a host, got {json.dumps(a)}")
+        addrs = tuple(a.strip() for a in addrs_raw)
+
+        rank = self.integer(self.required(data, "container_rank"), "container_rank", minimum=0)
+        if rank >= len(addrs):
+            raise self.fail(
+                "container_rank", f"{rank} is out of range for {len(addrs)} container_addrs"
+            )
+
+        counts = self.int_list(
+            self.required(data, "container_slot_counts"), "container_slot_counts", minimum=1
+        )
+        if len(counts) != len(addrs):
+            raise self.fail(
+                "container_slot_counts",
+                f"has {len(counts)} entries but container_addrs has {len(addrs)}",
+            )
+
+        if data.get("slot_ids") is None:
+            slot_ids = tuple(range(counts[rank]))
+        else:
+            slot_ids = self.int_list(data["slot_ids"], "slot_ids", minimum=0)
+            if len(slot_ids) != counts[rank]:
+                raise self.fail(
+                    "slot_ids",
+                    f"has {len(slot_ids)} entries but this node's slot count "
+                    f"(container_slot_counts[{rank}]) is {counts[rank]}",
+                )
+
+        latest = data.get("latest_checkpoint")
+        if latest is not None and not isinstance(latest, str):
+            raise self.fail("latest_checkpoint", "expected a string (a checkpoint storage id)")
+
+        secret = data.get("job_secret")
+        if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
+            raise self.fail("job_secret", "expected a string of at least 16 characters")
+
+        return ClusterInfo(
+            container_addrs=addrs,
+            container_rank=rank,
+            container_slot_counts=counts,
+            slot_ids=slot_ids,
+            source=source,
+            trial=self.trial(data.get("trial")),
+            latest_checkpoint=latest,
+            job_secret=secret,
+        )
+
+    def trial(self, data: Any) -> Optional[TrialInfo]:
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise self.fail("trial", "expected an object")
+        if "trial_id" not in data:
+            raise self.fail("trial.trial_id", "missing")
+        trial_id = self.integer(data["trial_id"], "trial.trial_id")
+        hparams = data.get("hparams", {})
+        if not isinstance(hparams, Mapping):
+            raise self.fail("trial.hparams", "expected an object")
+        seed = self.integer(data.get("trial_seed", 0), "trial.trial_seed", minimum=0)
+        exp = data.get("experiment_id")
+        if exp is not None:
+            exp = self.integer(exp, "trial.experiment_id")
+        max_length = data.get("max_length")
+        if max_length is not None:
+            max_length = self.integer(max_length, "trial.max_length", minimum=1)
+        return TrialInfo(
+            trial_id=trial_id,
+            hparams=dict(hparams),
+            trial_seed=seed,
+            experiment_id=exp,
+            max_length=max_length,
+        )

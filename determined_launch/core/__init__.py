@@ -1,0 +1,1 @@
+"""Worker-side library: coordination, preemption and the local Core API."""

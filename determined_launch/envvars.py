@@ -1,0 +1,33 @@
+"""Names of the environment variables that connect the layers.
+
+One module, so that the launcher that sets a variable and the library that
+reads it can never disagree on its spelling. README's "Environment variables"
+table documents each for users.
+"""
+
+# --- set by the scheduler or the user, read by the launcher -------------------
+C10D_PORT = "C10D_PORT"  # torchrun master port on the chief (multi-node default 29400)
+PREEMPT_FILE = "DET_PREEMPT_FILE"  # operator touches this file to request preemption
+
+# --- set by our launchers for every worker -----------------------------------
+CHIEF_IP = "DET_CHIEF_IP"
+CLUSTER_INFO_FILE = "DET_CLUSTER_INFO_FILE"  # the launcher's resolved info, 0600, in the job dir
+JOB_DIR = "DET_LAUNCH_JOB_DIR"  # per-job, per-node 0700 directory, removed at exit
+USE_TORCH_DISTRIBUTED = "USE_TORCH_DISTRIBUTED"
+USE_HOROVOD = "USE_HOROVOD"
+USE_DEEPSPEED = "USE_DEEPSPEED"
+
+# DistributedContext transport (core/distributed.py).
+DIST_SECRET = "DET_DIST_SECRET"  # job secret for HMAC-SHA256; hex or any string >= 16 chars
+DIST_PORT = "DET_DIST_PORT"  # chief's TCP port for cross-node traffic
+DIST_IPC_DIR = "DET_DIST_IPC_DIR"  # private directory for node-local ipc:// sockets
+DIST_TIMEOUT = "DET_DIST_TIMEOUT"  # seconds; overall timeout for one collective
+
+# Preemption plumbing between a node's launcher and its workers.
+PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested
+PREEMPT_ACK_FILE = "DET_PREEMPT_ACK_FILE"  # a worker creates it to acknowledge
+
+# wrap_rank writes "<dir>/rank-<N>.json" when its child exits, so the
+# supervisor learns which rank failed first and how. Standard-library side:
+# wrap_rank/__init__.py spells the same name.
+WRAP_RANK_STATUS_DIR = "WRAP_RANK_STATUS_DIR"

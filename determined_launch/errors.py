@@ -1,0 +1,30 @@
+"""Errors and exit statuses shared by every layer.
+
+Exit statuses are part of the public contract (see README, "Exit statuses"):
+a launcher returns 0 on success, the first failing worker's status otherwise
+(128+N when it was killed by signal N), 2 for usage and configuration errors,
+and ``EXIT_PREEMPTED`` when the job stopped because of a preemption that the
+workers acknowledged, meaning "resumable: run the same command again".
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+# sysexits' EX_TEMPFAIL: "temporary failure, the user is invited to retry".
+EXIT_PREEMPTED = 75
+
+
+class LaunchError(Exception):
+    """A user-facing error: printed as one line, then the launcher exits.
+
+    Raise it (or a subclass) for anything a user can fix; the entry points
+    turn it into ``det-launch: <message>`` and ``exit_status`` instead of a
+    traceback.
+    """
+
+    exit_status = EXIT_USAGE
+
+
+class ClusterInfoError(LaunchError):
+    """Rendezvous information is present but unusable (bad file, bad env)."""

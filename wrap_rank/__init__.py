@@ -1,0 +1,1 @@
+"""Prefix every line of a child's output with ``[rank=N] `` (standard library only)."""
