@@ -10,6 +10,7 @@ tested without starting anything.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 from collections.abc import Mapping
 from typing import Optional
@@ -39,7 +40,30 @@ class JobRuntime:
     control_port: int
     dist_port: int
     secret: Optional[str]
-    cluster_info_file: str
+    #: Interpreter for ``-m`` entry points (``sys.executable`` at launch).
+    python: str
+
+    # Fixed names inside the private job directory: the directory itself is
+    # unique per job, so these never collide between jobs.
+    @property
+    def cluster_info_file(self) -> str:
+        return os.path.join(self.job_dir, "cluster-info.json")
+
+    @property
+    def ipc_dir(self) -> str:
+        return os.path.join(self.job_dir, "ipc")
+
+    @property
+    def status_dir(self) -> str:
+        return os.path.join(self.job_dir, "exit-status")
+
+    @property
+    def preempt_signal_file(self) -> str:
+        return os.path.join(self.job_dir, "preempt-requested")
+
+    @property
+    def preempt_ack_file(self) -> str:
+        return os.path.join(self.job_dir, "preempt-acknowledged")
 
 
 @dataclasses.dataclass(frozen=True)
