@@ -3,7 +3,7 @@
 # Determined 0.38.1. It is never a dependency of this project.
 # Prints the path of the side environment's python.
 set -euo pipefail
-venv="${DET_PEER_VENV:-$HOME/.cache/determined_launch/det-peer}"
+venv="${DET_PEER_VENV:-$HOME/.cache/det-peer}"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import determined" 2>/dev/null; then
   python3 -m venv "$venv" >&2
   "$venv/bin/pip" install -q "determined==0.38.1" pyzmq >&2
