@@ -67,22 +67,48 @@ class JobRuntime:
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchPlan:
-    """One command for ``supervise`` to run on this node.
+class ProcessSpec:
+    """One process of a plan.
 
-    ``env`` is applied on top of the launcher's own environment; ``unset_env``
-    names variables to remove (for example a parent torchrun's ``RANK`` that
-    must not leak into a nested launch).
+    ``role`` decides how its end is read:
+
+    * ``"worker"``: does the job's work; the node is done when every worker
+      has exited, and a non-zero exit fails the whole job (on every node).
+    * ``"service"``: supports the workers (an sshd, a rendezvous server) and
+      runs until they are done; ``supervise`` then stops it. A service that
+      exits early fails the job. A node whose plan has only services (a
+      non-chief node in ssh mode) is done when the chief's job ends.
     """
 
     argv: tuple[str, ...]
-    env: Mapping[str, str]
+    name: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    role: str = "worker"
+
+    def render(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """What ``supervise`` runs on this node.
+
+    ``env`` is applied on top of the launcher's own environment for every
+    process; ``unset_env`` names variables to remove (for example a parent
+    torchrun's ``RANK`` that must not leak into a nested launch).
+    """
+
+    processes: tuple[ProcessSpec, ...]
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     files: tuple[FileToWrite, ...] = ()
     unset_env: tuple[str, ...] = ()
-    #: Human-readable name for logs and the exit summary ("torchrun", ...).
+    #: Human-readable backend name for logs and the exit summary.
     name: str = "job"
 
     def render(self) -> str:
-        """The command as a shell line, for ``--dry-run`` and error messages."""
+        """The plan as shell lines, for ``--dry-run`` and error messages."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.argv)}".strip()
+        lines = [f"# {self.name}: common environment: {env}"]
+        lines += [f"{p.render()}    # {p.name} ({p.role})" for p in self.processes]
+        return "\n".join(lines)
