@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Callable, Optional
 
 from determined_launch import envvars
+from determined_launch.core._dist_chan import TRANSPORTS
 from determined_launch.core._dist_errors import DistributedConfigError
 
 logger = logging.getLogger("determined_launch.core.distributed")
@@ -25,6 +26,8 @@ logger = logging.getLogger("determined_launch.core.distributed")
 #: the same offset our launchers use (master, control channel, dist).
 DEFAULT_PORT = 29502
 MIN_SECRET_CHARS = 16
+#: "direct" (default) or "zmq". Not in envvars.py: no launcher sets it.
+TRANSPORT_VAR = "DET_DIST_TRANSPORT"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,3 +282,14 @@ def private_dir(path: Optional[str]) -> Optional[str]:
         )
         return None
     return path
+
+
+def resolve_transport(transport: Optional[str], env: Mapping[str, str]) -> str:
+    value = transport or env.get(TRANSPORT_VAR) or TRANSPORTS[0]
+    if value not in TRANSPORTS:
+        where = "transport=" if transport else TRANSPORT_VAR
+        raise DistributedConfigError(
+            f"DistributedContext transport {value!r} (from {where}) is not one of "
+            + ", ".join(TRANSPORTS)
+        )
+    return value

@@ -1,11 +1,8 @@
-"""ZeroMQ links of a ``DistributedContext``: one hub, many members.
+"""The link protocol of a ``DistributedContext``: one hub, many members.
 
-A *hub* (the chief, or a node's local chief) binds one ROUTER socket; each
-*member* connects one DEALER socket to it. ROUTER/DEALER is bidirectional,
-so one port carries contributions up and results down, and the hub only
-ever sends to members it has heard from, which removes the PUB/SUB "slow
-joiner" problem that Determined's hello loop works around: a message is
-never sent before its receiver is known to be connected.
+A *hub* (the chief, or a node's local chief) listens; each *member*
+connects to it. The transport underneath is a channel (``_dist_chan``):
+stdlib sockets or ZeroMQ. Everything that decides what to trust lives here.
 
 Handshake (per link, at start-up)::
 
@@ -17,105 +14,45 @@ Handshake (per link, at start-up)::
 The session key is derived from the hub's fresh nonce, so a HELLO replayed
 from an earlier job (same secret) never gets past READY. The routing id is
 random per connection and bound into HELLO, so frames replayed from another
-connection are not attributed to the rank they name.
+connection are not attributed to the rank they name. The hub only sends to
+members it has heard from, so no message is lost to a receiver that has
+not connected yet (the PUB/SUB "slow joiner" problem).
 
-Failure detection needs no Python thread. libzmq's own I/O thread sends
-ZMTP heartbeats on every connection (a silent peer is disconnected after
-``HEARTBEAT_TIMEOUT``), and process death closes the socket at once:
+Failure detection needs no Python thread:
 
-- a member watches its socket monitor; its hub gone for ``GRACE`` seconds
-  means the hub (the chief or the local chief) is dead;
-- a hub waiting for contributions probes the missing ranks every
-  ``PROBE_INTERVAL`` with a PING sent under ``ROUTER_MANDATORY``: a peer whose
-  connection is gone makes the send fail with ``EHOSTUNREACH``. Unreachable
-  for ``GRACE`` seconds means dead; the hub then sends ABORT, naming the
-  missing ranks, to every member and raises.
+- a member asks its channel whether the hub's connection is gone; gone
+  for the channel's ``grace`` (0 for plain sockets, 2 s for ZeroMQ, which
+  reconnects) means the hub (the chief or a local chief) is dead;
+- a hub waiting for contributions checks the missing ranks every
+  ``PROBE_INTERVAL``; unreachable for ``grace`` means dead. The hub then
+  sends ABORT, naming the missing ranks, to every member and raises.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import errno
 import json
-import logging
 import os
 import struct
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Callable, Optional, Union
-
-import zmq
-from zmq.utils.monitor import recv_monitor_message
+from typing import Callable, Optional, Union
 
 from determined_launch.core import wire
+from determined_launch.core._dist_chan import HubChannel, IdleTimeout, MemberChannel
 from determined_launch.core._dist_errors import (
     DistributedConfigError,
     DistributedError,
     format_ranks,
 )
 
-logger = logging.getLogger("determined_launch.core.distributed")
-
-#: How often a blocked wait wakes up to check liveness and deadlines.
-SLICE_MS = 250
-#: How often a waiting hub probes the ranks it is missing.
+#: How often a waiting hub checks the ranks it is missing.
 PROBE_INTERVAL = 0.5
-#: How long a peer may stay unreachable before it counts as dead. Covers a
-#: reconnect after a transient network error, and keeps detection well
-#: inside the 10 s the docs promise.
-GRACE = 2.0
-#: Normal close: how long undelivered frames may hold up interpreter exit.
-#: Bounded, so exit never hangs, but long enough that a result sent just
-#: before ``close()`` still reaches live peers.
-LINGER_MS = 1000
-_SOCKOPTS = {
-    zmq.SNDHWM: 0,  # never drop or block a result because a peer is busy computing
-    zmq.RCVHWM: 0,
-    zmq.RCVTIMEO: SLICE_MS,
-    zmq.LINGER: LINGER_MS,
-    zmq.HEARTBEAT_IVL: 1000,
-    zmq.HEARTBEAT_TIMEOUT: 4000,
-    zmq.HEARTBEAT_TTL: 6000,
-}
-_LARGE = 64 * 1024  # frames at least this big are sent zero-copy to each member
-
-# ---------------------------------------------------------------- zmq context
-_zctx: Optional[zmq.Context[Any]] = None
-_zctx_pid = 0
-_zctx_lock = threading.Lock()
+#: Mask of the collective counter in an op id (the top bits mark the scope).
+OP_MASK = (1 << 62) - 1
 
 
-def zmq_context() -> zmq.Context[Any]:
-    """One zmq context per process (re-created after fork), destroyed at exit.
-
-    ``destroy`` rather than ``term``: it closes any socket still open (with
-    the bounded linger above) instead of waiting for it forever.
-    """
-    global _zctx, _zctx_pid
-    with _zctx_lock:
-        if _zctx is None or _zctx.closed or _zctx_pid != os.getpid():
-            _zctx = zmq.Context()
-            _zctx_pid = os.getpid()
-            atexit.register(_destroy_at_exit, _zctx, _zctx_pid)
-        return _zctx
-
-
-def _destroy_at_exit(ctx: zmq.Context[Any], pid: int) -> None:
-    if pid == os.getpid() and not ctx.closed:
-        ctx.destroy(linger=LINGER_MS)
-
-
-def new_socket(kind: int) -> zmq.Socket[Any]:
-    sock = zmq_context().socket(kind)
-    for opt, value in _SOCKOPTS.items():
-        sock.setsockopt(opt, value)
-    return sock
-
-
-# ------------------------------------------------------------------ handshake
 @dataclasses.dataclass(frozen=True)
 class Peer:
     """What a member says about itself in HELLO."""
@@ -157,17 +94,28 @@ def unpack_hello(payload: Union[bytes, memoryview]) -> tuple[Peer, bytes, bytes]
     return peer, nonce, rest[:rid_len]
 
 
-def _is_unreachable(e: zmq.ZMQError) -> bool:
-    return e.errno == errno.EHOSTUNREACH
+def new_rid() -> bytes:
+    """A random routing id; a leading zero byte is reserved by libzmq."""
+    return b"\x01" + os.urandom(15)
+
+
+def _deadline_passed(deadline: Optional[float], now: float) -> bool:
+    return deadline is not None and now >= deadline
+
+
+def _mismatch(where: str, op: int, rank: int, theirs: int, mine_rank: int, mine: int) -> str:
+    return (
+        f"collective mismatch on {where}: rank {rank} called "
+        f"{wire.TYPE_NAMES.get(theirs, f'type {theirs}')} while rank {mine_rank} called "
+        f"{wire.TYPE_NAMES[mine]} (collective #{op & OP_MASK}); every rank must call the same "
+        "collectives in the same order"
+    )
 
 
 class _Link:
-    """What hubs and members share: a socket, keys, a send sequence."""
+    """What hubs and members share: keys, a send sequence, the drop log."""
 
-    def __init__(
-        self, sock: zmq.Socket[Any], rank: int, key: bytes, drops: wire.DropLog, where: str
-    ) -> None:
-        self.sock = sock
+    def __init__(self, rank: int, key: bytes, drops: wire.DropLog, where: str) -> None:
         self.rank = rank
         self.key = key
         self.skey: Optional[bytes] = None
@@ -182,21 +130,14 @@ class _Link:
             raise RuntimeError("session frame before handshake")
         return wire.encode(key, mtype, self.rank, self._seq, op, payload)
 
-    def close(self, linger_ms: int) -> None:
-        if not self.sock.closed:
-            self.sock.close(linger=linger_ms)
-
-
-def _deadline_passed(deadline: Optional[float], now: float) -> bool:
-    return deadline is not None and now >= deadline
-
 
 # ------------------------------------------------------------------------ hub
 class Hub(_Link):
-    """The ROUTER side: registers members, collects, fans out, probes."""
+    """Registers members, collects their contributions, fans out, probes."""
 
     def __init__(
         self,
+        channel: HubChannel,
         *,
         rank: int,
         key: bytes,
@@ -205,9 +146,8 @@ class Hub(_Link):
         expected: int,
         check_hello: Callable[[Peer], Optional[str]],
     ) -> None:
-        sock = new_socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        super().__init__(sock, rank, key, drops, where)
+        super().__init__(rank, key, drops, where)
+        self.ch = channel
         self.nonce = os.urandom(wire.NONCE_SIZE)
         self.skey = wire.session_key(key, self.nonce)
         self.expected = expected
@@ -221,22 +161,18 @@ class Hub(_Link):
         self._inbox: dict[int, dict[int, tuple[int, memoryview]]] = {}
         self._unreachable: dict[int, float] = {}
         self._last_probe = 0.0
-        self.endpoint = ""
 
-    def bind(self, addr: str) -> str:
-        self.sock.bind(addr)
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        return self.endpoint
+    def close(self, linger_ms: int) -> None:
+        self.ch.close(linger_ms)
 
     # --- receiving
-    def _recv(self, flags: int) -> Optional[tuple[int, wire.Message]]:
-        """One frame: a data message from a registered member, or None when
-        the frame was dropped or was part of a handshake. Raises zmq.Again."""
-        parts = self.sock.recv_multipart(flags)
-        if len(parts) != 2:
-            self.drops.drop(f"{len(parts) - 1}-part message", self.where)
+    def _recv(self, block: bool) -> Optional[tuple[int, wire.Message]]:
+        """A data message from a registered member, or None when the frame
+        was dropped or belonged to a handshake. Raises IdleTimeout."""
+        item = self.ch.recv(block)
+        if item is None:
             return None
-        rid, frame = parts
+        rid, frame = item
         try:
             msg = wire.decode(frame, self.key, self.skey)
         except wire.BadFrame as e:
@@ -266,21 +202,22 @@ class Hub(_Link):
             if problem is not None:
                 raise self.abort(DistributedConfigError(problem))
             self._pending[rid] = (peer, msg.seq)
-            self._send_one(rid, self.frame(wire.WELCOME, 0, self.nonce + nonce))
+            self.ch.send(rid, self.frame(wire.WELCOME, 0, self.nonce + nonce))
         elif msg.mtype == wire.READY:
             pending = self._pending.get(rid)
             if pending is None or pending[0].rank != msg.sender or msg.seq <= pending[1]:
                 self.drops.drop("ready without a matching hello", self.where)
                 return
             peer = pending[0]
+            del self._pending[rid]
             if peer.rank in self._rid:
                 self.drops.drop(f"second connection for rank {peer.rank}", self.where)
                 return
-            del self._pending[rid]
             self._rid[peer.rank] = rid
             self._rank_of[rid] = peer.rank
             self._last[peer.rank] = msg.seq
             self.peers[peer.rank] = peer
+            self.ch.trust(rid)
         else:
             self.drops.drop("frame from an unregistered connection", self.where)
 
@@ -293,8 +230,8 @@ class Hub(_Link):
         """Wait until ``expected`` members are registered, then START them."""
         while len(self._rid) < self.expected:
             try:
-                item = self._recv(0)
-            except zmq.Again:
+                item = self._recv(True)
+            except IdleTimeout:
                 idle()
                 if _deadline_passed(deadline, time.monotonic()):
                     raise self.abort(
@@ -306,7 +243,7 @@ class Hub(_Link):
                 continue
             if item is not None:
                 self._hold(*item)
-        self.send_to(self._rid, wire.START, 0, start_payload())
+        self.send_to(list(self._rid), wire.START, 0, start_payload())
 
     def _hold(self, rank: int, msg: wire.Message) -> None:
         self._inbox.setdefault(msg.op, {})[rank] = (msg.mtype, msg.payload)
@@ -318,63 +255,32 @@ class Hub(_Link):
         senders: Iterable[int],
         deadline: Optional[float],
         probe_for: Callable[[set[int]], Iterable[int]],
-        watch: Iterable[Member] = (),
+        idle: Callable[[], None] = lambda: None,
     ) -> dict[int, memoryview]:
         """Contributions of type ``want`` to collective ``op`` from ``senders``."""
         got: dict[int, memoryview] = {}
         missing = set(senders)
         for rank, (mtype, payload) in self._inbox.pop(op, {}).items():
             self._take(op, want, rank, mtype, payload, got, missing)
-        recv = self.sock.recv_multipart
         while missing:
             try:
-                parts = recv()
-            except zmq.Again:
-                self._idle(missing, deadline, probe_for, watch)
+                item = self._recv(True)
+            except IdleTimeout:
+                idle()
+                self._check(missing, deadline, probe_for)
                 continue
-            # Fast path: a well-formed frame from a registered member.
-            if len(parts) == 2 and parts[0] in self._rank_of:
-                try:
-                    msg = wire.decode(parts[1], self.key, self.skey)
-                except wire.BadFrame as e:
-                    self.drops.drop(str(e), self.where)
-                    continue
-                rank = self._rank_of[parts[0]]
-                if rank == msg.sender and msg.seq > self._last[rank]:
-                    self._last[rank] = msg.seq
-                    if msg.op == op:
-                        self._take(op, want, rank, msg.mtype, msg.payload, got, missing)
-                    else:
-                        self._other_op(op, want, rank, msg)
-                    continue
-            self._slow(parts, op, want, got, missing)
-        return got
-
-    def _slow(
-        self, parts: list[bytes], op: int, want: int, got: dict[int, memoryview], missing: set[int]
-    ) -> None:
-        """Everything the fast path in ``collect`` does not handle: drops,
-        handshakes, replays; done by the general receive path."""
-        if len(parts) != 2:
-            self.drops.drop(f"{len(parts) - 1}-part message", self.where)
-            return
-        rid, frame = parts
-        try:
-            msg = wire.decode(frame, self.key, self.skey)
-        except wire.BadFrame as e:
-            self.drops.drop(str(e), self.where)
-            return
-        rank = self._rank_of.get(rid)
-        if rank is None or rank != msg.sender:
-            self._handshake(rid, msg)
-        elif msg.seq <= self._last[rank]:
-            self.drops.drop(f"replayed or out-of-order frame from rank {rank}", self.where)
-        else:  # pragma: no cover - the fast path takes these
-            self._last[rank] = msg.seq
+            if item is None:
+                continue
+            rank, msg = item
             if msg.op == op:
                 self._take(op, want, rank, msg.mtype, msg.payload, got, missing)
+            elif msg.op > op:  # pragma: no cover - members cannot run ahead today
+                self._hold(rank, msg)
             else:
-                self._other_op(op, want, rank, msg)
+                raise self.abort(
+                    DistributedError(_mismatch(self.where, op, rank, msg.mtype, self.rank, want))
+                )
+        return got
 
     def _take(
         self,
@@ -387,34 +293,19 @@ class Hub(_Link):
         missing: set[int],
     ) -> None:
         if mtype != want:
-            raise self.abort(self._mismatch(op, want, rank, mtype))
+            raise self.abort(
+                DistributedError(_mismatch(self.where, op, rank, mtype, self.rank, want))
+            )
         got[rank] = payload
         missing.discard(rank)
 
-    def _other_op(self, op: int, want: int, rank: int, msg: wire.Message) -> None:
-        if msg.op > op:  # pragma: no cover - members cannot run ahead today
-            self._hold(rank, msg)
-            return
-        raise self.abort(self._mismatch(op, want, rank, msg.mtype))
-
-    def _mismatch(self, op: int, want: int, rank: int, mtype: int) -> DistributedError:
-        theirs = wire.TYPE_NAMES.get(mtype, f"type {mtype}")
-        return DistributedError(
-            f"collective mismatch on {self.where}: rank {rank} called {theirs} while rank "
-            f"{self.rank} called {wire.TYPE_NAMES[want]} (collective #{op & _OP_MASK}); every "
-            "rank must call the same collectives in the same order"
-        )
-
-    def _idle(
+    def _check(
         self,
         missing: set[int],
         deadline: Optional[float],
         probe_for: Callable[[set[int]], Iterable[int]],
-        watch: Iterable[Member],
     ) -> None:
         now = time.monotonic()
-        for member in watch:
-            member.idle_check(now)
         dead = self.probe(probe_for(missing), now)
         if dead:
             raise self.abort(
@@ -433,86 +324,78 @@ class Hub(_Link):
             )
 
     # --- sending
-    def _send_one(self, rid: bytes, frame: Union[bytes, zmq.Frame]) -> bool:
-        try:
-            self.sock.send(rid, zmq.SNDMORE)
-        except zmq.ZMQError as e:
-            if _is_unreachable(e):
-                return False
-            raise
-        self.sock.send(frame, copy=False)
-        return True
-
-    def send_to(self, ranks: Iterable[int], mtype: int, op: int, payload: bytes = b"") -> None:
+    def send_to(self, ranks: list[int], mtype: int, op: int, payload: bytes = b"") -> None:
         """Send one frame to ``ranks``; a rank whose connection is gone has
         missed a result, so the job is aborted naming it."""
-        frame = self.frame(mtype, op, payload)
-        data: Union[bytes, zmq.Frame] = zmq.Frame(frame) if len(frame) >= _LARGE else frame
-        lost = [rank for rank in ranks if not self._send_one(self._rid[rank], data)]
+        lost = self.ch.send_many([self._rid[r] for r in ranks], self.frame(mtype, op, payload))
         if lost and mtype != wire.ABORT:
+            ranks_lost = [self._rank_of[rid] for rid in lost]
             raise self.abort(
                 DistributedError(
-                    f"{format_ranks(lost)} disconnected from {self.where} (seen by rank "
+                    f"{format_ranks(ranks_lost)} disconnected from {self.where} (seen by rank "
                     f"{self.rank})",
-                    lost,
+                    ranks_lost,
                 )
             )
 
     def probe(self, ranks: Iterable[int], now: float) -> list[int]:
-        """Ranks unreachable for at least ``GRACE`` seconds."""
+        """Ranks unreachable for at least the channel's grace period."""
         ranks = [r for r in ranks if r in self._rid]
         if now - self._last_probe >= PROBE_INTERVAL:
             self._last_probe = now
             ping = self.frame(wire.PING, 0)
             for rank in ranks:
-                if self._send_one(self._rid[rank], ping):
+                if self.ch.reachable(self._rid[rank], ping):
                     self._unreachable.pop(rank, None)
                 else:
                     self._unreachable.setdefault(rank, now)
-        return [r for r in ranks if now - self._unreachable.get(r, now) >= GRACE]
+        grace = self.ch.grace
+        return [r for r in ranks if r in self._unreachable and now - self._unreachable[r] >= grace]
 
     def abort(self, error: DistributedError) -> DistributedError:
         """Tell every member the collectives failed, and return ``error``."""
         body = json.dumps({"error": str(error), "missing": list(error.missing_ranks)})
         try:
             self.send_to(list(self._rid), wire.ABORT, 0, body.encode())
-        except zmq.ZMQError:  # pragma: no cover - socket already unusable
+        except Exception:  # pragma: no cover - best effort on a failing link
             pass
         return error
 
 
-_OP_MASK = (1 << 62) - 1
-
-
 # --------------------------------------------------------------------- member
 class Member(_Link):
-    """The DEALER side: one connection to a hub, watched by a socket monitor."""
+    """One connection to a hub."""
 
     def __init__(
-        self, *, rank: int, hub_rank: int, key: bytes, drops: wire.DropLog, where: str, role: str
+        self,
+        channel: MemberChannel,
+        rid: bytes,
+        *,
+        rank: int,
+        hub_rank: int,
+        key: bytes,
+        drops: wire.DropLog,
+        where: str,
+        role: str,
     ) -> None:
-        sock = new_socket(zmq.DEALER)
-        super().__init__(sock, rank, key, drops, where)
+        super().__init__(rank, key, drops, where)
+        self.ch = channel
+        self.rid = rid
         self.hub_rank = hub_rank
         self.role = role
-        # Random, so another connection cannot claim this member's identity;
-        # a leading zero byte is reserved by libzmq.
-        self.rid = b"\x01" + os.urandom(15)
-        sock.setsockopt(zmq.ROUTING_ID, self.rid)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self._down_since: Optional[float] = None
         self._last = 0
         self._held: deque[wire.Message] = deque()
         self.addr = ""
 
     def connect(self, addr: str) -> None:
         self.addr = addr
-        self.sock.connect(addr)
+        self.ch.connect(addr)
+
+    def close(self, linger_ms: int) -> None:
+        self.ch.close(linger_ms)
 
     def send(self, mtype: int, op: int, payload: bytes = b"") -> None:
-        self.sock.send(self.frame(mtype, op, payload))
+        self.ch.send(self.frame(mtype, op, payload))
 
     def _accept(self, frame: bytes) -> Optional[wire.Message]:
         try:
@@ -541,11 +424,12 @@ class Member(_Link):
     def handshake(self, peer: Peer, deadline: Optional[float], idle: Callable[[], None]) -> bytes:
         """HELLO / WELCOME / READY / START; returns START's payload."""
         nonce = os.urandom(wire.NONCE_SIZE)
-        self.sock.send(self.frame(wire.HELLO, 0, pack_hello(peer, nonce, self.rid)))
+        self.ch.send(self.frame(wire.HELLO, 0, pack_hello(peer, nonce, self.rid)))
         while self.skey is None:
             msg = self._next(deadline, idle, "a welcome")
             if msg.mtype == wire.WELCOME and bytes(msg.payload[wire.NONCE_SIZE :]) == nonce:
                 self.skey = wire.session_key(self.key, bytes(msg.payload[: wire.NONCE_SIZE]))
+                self.ch.trust()
             else:
                 self.drops.drop("stale welcome", self.where)
         self.send(wire.READY, 0)
@@ -555,15 +439,13 @@ class Member(_Link):
                 return bytes(msg.payload)
             self.drops.drop(f"unexpected {wire.TYPE_NAMES[msg.mtype]} before start", self.where)
 
-    def _next(
-        self, deadline: Optional[float], idle: Callable[[], None], what: str
-    ) -> wire.Message:
+    def _next(self, deadline: Optional[float], idle: Callable[[], None], what: str) -> wire.Message:
         while True:
             if self._held:
                 return self._held.popleft()
             try:
-                msg = self._accept(self.sock.recv())
-            except zmq.Again:
+                msg = self._accept(self.ch.recv(True))
+            except IdleTimeout:
                 idle()
                 now = time.monotonic()
                 self.idle_check(now)
@@ -582,66 +464,29 @@ class Member(_Link):
         op: int,
         want: int,
         deadline: Optional[float],
-        watch: Iterable[Member] = (),
+        idle: Callable[[], None] = lambda: None,
     ) -> memoryview:
         """The hub's reply of type ``want`` to collective ``op``."""
-        if not self._held:
-            # Fast path: the reply is usually the next frame.
-            try:
-                msg = self._accept(self.sock.recv())
-            except zmq.Again:
-                msg = None
-            if msg is not None and msg.op == op and msg.mtype == want:
-                return msg.payload
-            if msg is not None:
-                self._held.append(msg)
-
-        def idle() -> None:
-            now = time.monotonic()
-            for member in watch:
-                member.idle_check(now)
-
         msg = self._next(deadline, idle, f"the {wire.TYPE_NAMES[want]} result")
         if msg.op == op and msg.mtype == want:
             return msg.payload
-        theirs = wire.TYPE_NAMES.get(msg.mtype, f"type {msg.mtype}")
-        raise DistributedError(
-            f"collective mismatch on {self.where}: rank {self.hub_rank} called {theirs} while "
-            f"rank {self.rank} called {wire.TYPE_NAMES[want]} (collective #{op & _OP_MASK}); "
-            "every rank must call the same collectives in the same order"
-        )
+        raise DistributedError(_mismatch(self.where, op, self.hub_rank, msg.mtype, self.rank, want))
 
     def idle_check(self, now: float) -> None:
-        """Read pending frames and monitor events; raise if the hub aborted
-        the job or has been gone for ``GRACE`` seconds."""
+        """Read pending frames; raise if the hub aborted the job or has been
+        gone for the channel's grace period."""
         while True:
             try:
-                msg = self._accept(self.sock.recv(zmq.NOBLOCK))
-            except zmq.Again:
+                msg = self._accept(self.ch.recv(False))
+            except IdleTimeout:
                 break
             if msg is not None:
                 self._held.append(msg)
-        while True:
-            try:
-                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
-            except zmq.Again:
-                break
-            if event == zmq.EVENT_CONNECTED:
-                self._down_since = None
-            elif event == zmq.EVENT_DISCONNECTED and self._down_since is None:
-                self._down_since = now
-        if self._down_since is not None and now - self._down_since >= GRACE:
+        down = self.ch.hub_down_since(now)
+        # Frames that arrived before the connection closed are answered first.
+        if down is not None and now - down >= self.ch.grace and not self._held:
             raise DistributedError(
                 f"lost the connection to rank {self.hub_rank} ({self.role}) at {self.addr}: it "
                 "died or became unreachable",
                 [self.hub_rank],
             )
-
-    def close(self, linger_ms: int) -> None:
-        if not self.sock.closed:
-            try:
-                self.sock.disable_monitor()
-            except zmq.ZMQError:  # pragma: no cover
-                pass
-            self.monitor.close(linger=0)
-        super().close(linger_ms)

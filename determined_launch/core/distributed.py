@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from determined_launch import envvars
 from determined_launch.core import _dist_env, wire
+from determined_launch.core._dist_chan import LINGER_MS
 from determined_launch.core._dist_errors import DistributedConfigError, DistributedError
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ class DistributedContext:
         ipc_dir: Optional[str] = None,
         hierarchical: bool = False,
         force_tcp: bool = False,
+        transport: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.rank = rank
@@ -201,15 +203,13 @@ class DistributedContext:
         self._ipc_dir = None if force_tcp else _dist_env.private_dir(
             ipc_dir or env.get(envvars.DIST_IPC_DIR)
         )
-
-        from determined_launch.core import _dist_links
-
-        self._linger[0] = _dist_links.LINGER_MS
+        self.transport = _dist_env.resolve_transport(transport, env)
+        self._linger[0] = LINGER_MS
         self._finalizer = weakref.finalize(
             self, _close_links, self._links, self._linger, self._paths, self._locks
         )
         try:
-            self._connect(_dist_links)
+            self._connect()
         except BaseException:
             self._linger[0] = 0
             self._finalizer()
@@ -295,105 +295,99 @@ class DistributedContext:
         path = os.path.join(self._ipc_dir, name)
         return path if len(path.encode()) <= _UNIX_PATH_MAX else None
 
-    def _connect(self, links: Any) -> None:
-        deadline = self._deadline()
-        local_addr = ""
-        if self.cross_size > 1 and self.local_size > 1 and self.local_rank == 0:
-            hub = links.Hub(
-                rank=self.rank,
-                key=self._key,
-                drops=self._drops,
-                where=f"node {self.cross_rank}'s local link",
-                expected=self.local_size - 1,
-                check_hello=self._check_local_hello,
-            )
-            self._add(hub)
-            self._local_hub = hub
-            local_addr = self._bind_local(hub)
+    def _channels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """(hub channel class, member channel class) of the transport."""
+        if self.transport == "zmq":
+            from determined_launch.core import _dist_zmq
 
-        bind_addr, connect_addr = self._global_endpoint()
-        table: dict[str, Any] = {}
-        if self.rank == 0:
-            hub = links.Hub(
-                rank=0,
-                key=self._key,
-                drops=self._drops,
-                where="the global link",
-                expected=self.size - 1,
-                check_hello=self._check_hello,
-            )
-            self._add(hub)
-            self._global_hub = hub
-            self._bind_global(hub, bind_addr)
-            hub.accept(deadline, lambda: None, lambda: self._start_table(local_addr))
-        else:
-            member = links.Member(
-                rank=self.rank,
-                hub_rank=0,
-                key=self._key,
-                drops=self._drops,
-                where="the global link",
-                role="the chief",
-            )
-            self._add(member)
-            self._global_member = member
-            self._ipv6(member)
-            member.connect(connect_addr)
-            table = json.loads(member.handshake(self._peer(local_addr), deadline, lambda: None))
+            return _dist_zmq.ZmqHubChannel, _dist_zmq.ZmqMemberChannel
+        from determined_launch.core import _dist_direct
 
-        if self.cross_size == 1 or self.local_size == 1:
-            return
-        watch = self._watch_global()
-        if self._local_hub is not None:
-            self._local_hub.accept(deadline, watch, lambda: b"{}")
-            return
-        hub_rank, addr = table["local_hubs"][str(self.cross_rank)]
-        member = links.Member(
+        return _dist_direct.DirectHubChannel, _dist_direct.DirectMemberChannel
+
+    def _hub(self, where: str, expected: int, check: Callable[[Peer], Optional[str]]) -> Hub:
+        from determined_launch.core._dist_links import Hub
+
+        hub = Hub(
+            self._channels()[0](self._drops, where),
+            rank=self.rank,
+            key=self._key,
+            drops=self._drops,
+            where=where,
+            expected=expected,
+            check_hello=check,
+        )
+        self._links.append(hub)
+        return hub
+
+    def _member(self, where: str, hub_rank: int, role: str, addr: str) -> Member:
+        from determined_launch.core._dist_links import Member, new_rid
+
+        rid = new_rid()
+        member = Member(
+            self._channels()[1](self._drops, where, rid),
+            rid,
             rank=self.rank,
             hub_rank=hub_rank,
             key=self._key,
             drops=self._drops,
-            where=f"node {self.cross_rank}'s local link",
-            role="the local chief",
+            where=where,
+            role=role,
         )
-        self._add(member)
-        self._local_member = member
+        self._links.append(member)
         member.connect(addr)
-        member.handshake(self._peer(), deadline, watch)
+        return member
 
-    def _watch_global(self) -> Callable[[], None]:
-        member = self._global_member
+    def _connect(self) -> None:
+        deadline = self._deadline()
+        local_addr = ""
+        multi_node_local = self.cross_size > 1 and self.local_size > 1
+        if multi_node_local and self.local_rank == 0:
+            where = f"node {self.cross_rank}'s local link"
+            self._local_hub = self._hub(where, self.local_size - 1, self._check_local_hello)
+            local_addr = self._bind_local(self._local_hub)
 
-        def idle() -> None:
-            if member is not None:
-                member.idle_check(time.monotonic())
+        bind_addr, connect_addr = self._global_endpoint()
+        table: dict[str, Any] = {}
+        if self.rank == 0:
+            hub = self._hub("the global link", self.size - 1, self._check_hello)
+            self._global_hub = hub
+            self._bind_global(hub, bind_addr)
+            hub.accept(deadline, _nothing, lambda: self._start_table(local_addr))
+        else:
+            member = self._member("the global link", 0, "the chief", connect_addr)
+            self._global_member = member
+            table = json.loads(member.handshake(self._peer(local_addr), deadline, _nothing))
 
-        return idle
+        if not multi_node_local:
+            return
+        if self._local_hub is not None:
+            self._local_hub.accept(deadline, self._watch_global, lambda: b"{}")
+            return
+        hub_rank, addr = table["local_hubs"][str(self.cross_rank)]
+        where = f"node {self.cross_rank}'s local link"
+        self._local_member = self._member(where, hub_rank, "the local chief", addr)
+        self._local_member.handshake(self._peer(), deadline, self._watch_global)
 
-    def _add(self, link: Any) -> None:
-        self._links.append(link)
-
-    def _ipv6(self, link: Any) -> None:
-        import zmq
-
-        if self.chief_ip and ":" in self.chief_ip and self.cross_size > 1:
-            link.sock.setsockopt(zmq.IPV6, 1)
+    def _watch_global(self) -> None:
+        """While waiting on a node-local link: notice the chief's ABORT or death."""
+        if self._global_member is not None:
+            self._global_member.idle_check(time.monotonic())
 
     def _bind_global(self, hub: Hub, addr: str) -> None:
-        import zmq
+        from determined_launch.core._dist_chan import BindError
 
-        self._ipv6(hub)
         how = "choose a free one with DistributedContext(port=...) or " + envvars.DIST_PORT
         if addr.startswith("ipc://"):
             self._lock_ipc(addr[len("ipc://") :], how)
         try:
-            hub.bind(addr)
+            hub.ch.bind(addr)
             return
-        except zmq.ZMQError as e:
-            if e.errno == zmq.EADDRINUSE:
+        except BindError as e:
+            if e.in_use:
                 raise DistributedConfigError(
-                    f"DistributedContext: port {self.port} is already in use on {addr} "
-                    f"(another job or DistributedContext?); {how}"
+                    f"DistributedContext: port {self.port} is already in use ({addr}; another "
+                    f"job or DistributedContext?); {how}"
                 ) from None
             if self.cross_size == 1:
                 raise DistributedConfigError(
@@ -401,9 +395,9 @@ class DistributedContext:
                 ) from None
         # chief_ip is not an address of this host (NAT, a hostname): all interfaces.
         try:
-            hub.bind(f"tcp://*:{self.port}")
-        except zmq.ZMQError as e:
-            if e.errno == zmq.EADDRINUSE:
+            hub.ch.bind(f"tcp://*:{self.port}")
+        except BindError as e:
+            if e.in_use:
                 raise DistributedConfigError(
                     f"DistributedContext: port {self.port} is already in use on this host; {how}"
                 ) from None
@@ -412,8 +406,9 @@ class DistributedContext:
             ) from None
 
     def _lock_ipc(self, path: str, how: str) -> None:
-        """libzmq silently unlinks an existing ipc socket file when binding;
-        a lock file turns a second context on the same name into an error."""
+        """A lock file turns a second context on the same ipc name into an
+        error (libzmq would silently take the socket file over). A stale
+        socket file, from a process that died, is removed."""
         import fcntl
 
         fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -427,13 +422,17 @@ class DistributedContext:
             ) from None
         self._locks.append(fd)
         self._paths.append(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def _bind_local(self, hub: Hub) -> str:
         path = self._ipc_path(f"local-{os.urandom(6).hex()}.sock")
         if path is not None:
             self._paths.append(path)
-            return hub.bind(f"ipc://{path}")
-        return hub.bind("tcp://127.0.0.1:*")
+            return hub.ch.bind(f"ipc://{path}")
+        return hub.ch.bind("tcp://127.0.0.1:*")
 
     def _start_table(self, own_local_addr: str) -> bytes:
         """The chief checks the node layout and tells everyone where each
@@ -589,7 +588,7 @@ class DistributedContext:
         member = self._global_member
         if member is None:  # pragma: no cover
             raise RuntimeError("no global link")
-        return self._as_member(member, self._gop, stuff, payload, kind, self.rank, ())
+        return self._as_member(member, self._gop, stuff, payload, kind, self.rank, _nothing)
 
     def _local(self, stuff: Any, kind: int) -> Any:
         payload = b"" if kind == wire.BCAST and self.local_rank != 0 else _dumps(stuff)
@@ -604,7 +603,7 @@ class DistributedContext:
         member = self._local_member or self._global_member
         if member is None:  # pragma: no cover
             raise RuntimeError("no local link")
-        return self._as_member(member, op, stuff, payload, kind, self.local_rank, ())
+        return self._as_member(member, op, stuff, payload, kind, self.local_rank, _nothing)
 
     def _as_hub(
         self,
@@ -636,15 +635,15 @@ class DistributedContext:
         payload: bytes,
         kind: int,
         own_index: int,
-        watch: Iterable[Member],
+        idle: Callable[[], None],
     ) -> Any:
         if kind == wire.BCAST:
-            return _loads(member.wait(op, wire.BCAST, self._deadline(), watch))
+            return _loads(member.wait(op, wire.BCAST, self._deadline(), idle))
         member.send(kind, op, payload)
         if kind == wire.GA:
-            member.wait(op, wire.ACK, self._deadline(), watch)
+            member.wait(op, wire.ACK, self._deadline(), idle)
             return None
-        bundle = member.wait(op, wire.RESULT, self._deadline(), watch)
+        bundle = member.wait(op, wire.RESULT, self._deadline(), idle)
         return [stuff if i == own_index else _loads(p) for i, p in _parts(bundle)]
 
     def _hier(self, op: int, stuff: Any, payload: bytes, kind: int) -> Any:
@@ -655,9 +654,8 @@ class DistributedContext:
             local = self._local_member
             if local is None or gmember is None:  # pragma: no cover
                 raise RuntimeError("no local link")
-            return self._as_member(local, op, stuff, payload, kind, self.rank, (gmember,))
+            return self._as_member(local, op, stuff, payload, kind, self.rank, self._watch_global)
         lhub = self._local_hub
-        watch = (gmember,) if gmember is not None else ()
         reply = wire.RESULT if kind == wire.AG else wire.ACK if kind == wire.GA else wire.BCAST
         if kind == wire.BCAST:
             if gmember is not None:
@@ -670,7 +668,11 @@ class DistributedContext:
             return stuff
         parts: dict[int, Any] = {self.rank: payload}
         if lhub is not None:
-            parts.update(lhub.collect(op, kind, list(lhub.peers), deadline, _identity_set, watch))
+            parts.update(
+                lhub.collect(
+                    op, kind, list(lhub.peers), deadline, _identity_set, self._watch_global
+                )
+            )
         node_kind = wire.NODE_AG if kind == wire.AG else wire.NODE_GA
         if gmember is not None:
             gmember.send(node_kind, op, wire.encode_bundle(sorted(parts.items())))
@@ -794,6 +796,10 @@ class DistributedContext:
             f"{self.local_rank}, local_size={self.local_size}, cross_rank={self.cross_rank}, "
             f"cross_size={self.cross_size}, {state})"
         )
+
+
+def _nothing() -> None:
+    pass
 
 
 def _identity(rank: int) -> int:
