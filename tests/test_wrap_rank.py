@@ -120,7 +120,9 @@ def run_prefixer(stream: bytes, cuts: list[int], prefix: bytes, cap: int) -> byt
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12),
     cap=st.integers(min_value=1, max_value=12),
 )
-def test_prefixer_matches_reference_for_any_chunking(stream: bytes, cuts: list[int], cap: int) -> None:
+def test_prefixer_matches_reference_for_any_chunking(
+    stream: bytes, cuts: list[int], cap: int
+) -> None:
     assert run_prefixer(stream, cuts, b"[rank=7] ", cap) == reference(stream, b"[rank=7] ", cap)
 
 
@@ -136,7 +138,9 @@ def test_prefixer_matches_reference_for_any_chunking(stream: bytes, cuts: list[i
     ],
 )
 def test_prefixer_examples(stream: bytes, expected: list[bytes]) -> None:
-    assert run_prefixer(stream, [], b"> ", LINE_CAP) == b"".join(b"> " + x + b"\n" for x in expected)
+    assert run_prefixer(stream, [], b"> ", LINE_CAP) == b"".join(
+        b"> " + x + b"\n" for x in expected
+    )
 
 
 # --- real processes -----------------------------------------------------------------
@@ -159,7 +163,9 @@ def test_carriage_returns_crlf_and_partial_last_line() -> None:
 
 def test_overlong_line_is_split_at_the_cap() -> None:
     n = 3 * LINE_CAP + 10
-    r = wrap("1", "--", sys.executable, "-c", f"import sys; sys.stdout.write('x' * {n} + '\\nend\\n')")
+    r = wrap(
+        "1", "--", sys.executable, "-c", f"import sys; sys.stdout.write('x' * {n} + '\\nend\\n')"
+    )
     lines = r.stdout.split(b"\n")
     assert [len(x) for x in lines] == [9 + LINE_CAP] * 3 + [9 + 10, 9 + 3, 0]
     assert all(x.startswith(b"[rank=1] ") for x in lines[:-1])
