@@ -11,6 +11,7 @@ import json
 import os
 import random
 import re
+import select
 import signal
 import stat
 import subprocess
@@ -191,6 +192,24 @@ def test_big_random_stream_is_exact(tmp_path: Path) -> None:
     assert r.stdout == reference(data, b"[rank=5] ", LINE_CAP)
 
 
+def test_nonblocking_stdout_with_a_slow_reader_loses_nothing() -> None:
+    r, w = os.pipe()
+    os.set_blocking(w, False)  # as some parents (node.js, for one) leave it
+    code = "import sys; sys.stdout.write(('y' * 99 + chr(10)) * 20000)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wrap_rank", "0", "--", sys.executable, "-c", code],
+        stdout=w,
+        stdin=subprocess.DEVNULL,
+        env=_env(),
+    )
+    os.close(w)
+    time.sleep(0.5)  # let the pipe fill up while nobody reads
+    with os.fdopen(r, "rb") as reader:
+        out = reader.read()
+    assert proc.wait(timeout=20) == 0
+    assert out == (b"[rank=0] " + b"y" * 99 + b"\n") * 20000
+
+
 def test_stdin_is_inherited() -> None:
     r = wrap("0", "--", "cat", stdin=b"from stdin\n")
     assert r.stdout == b"[rank=0] from stdin\n"
@@ -234,6 +253,13 @@ while True:
 FORWARDED = ["SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH", "SIGTERM"]
 
 
+def readline(proc: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
+    """One line of ``proc``'s stdout, or b"" if none comes in time (fail, not hang)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else b""
+
+
 def test_signals_are_forwarded_to_the_child() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "wrap_rank", "6", "--", sys.executable, "-c", TRAPPER, *FORWARDED],
@@ -242,11 +268,10 @@ def test_signals_are_forwarded_to_the_child() -> None:
         env=_env(),
     )
     try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"[rank=6] ready\n"
+        assert readline(proc) == b"[rank=6] ready\n"
         for name in FORWARDED:
             proc.send_signal(getattr(signal, name))
-            assert proc.stdout.readline() == f"[rank=6] got {name}\n".encode()
+            assert readline(proc) == f"[rank=6] got {name}\n".encode()
         assert proc.wait(timeout=10) == 5
     finally:
         proc.kill()

@@ -159,7 +159,12 @@ def _spawn(cmd: list[str], stdout_fd: int | None, stderr_fd: int | None) -> int:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            # Our stdout is shared with whoever started us, and some parents
+            # make it non-blocking: wait for room instead of losing output.
+            select.select([], [fd], [])
 
 
 def _set_pipe_size(fd: int) -> None:
