@@ -206,9 +206,10 @@ def _forward_output(pid: int, streams: list[_Stream], wake_fd: int) -> int | Non
     """Pump both pipes until they close or the child exits.
 
     Returns the child's wait status if it was reaped here. Once the child
-    has exited, whatever it wrote is already in the pipes: that is drained,
-    and wrap_rank does not wait for background processes the child left
-    holding the pipes (they would otherwise keep it alive forever).
+    has exited, whatever it wrote is already in the pipes: that is drained
+    (at most a pipe's capacity), and wrap_rank does not wait for background
+    processes the child left holding the pipes (they would otherwise keep it
+    alive forever).
     """
     poller = select.poll()
     by_fd = {s.read_fd: s for s in streams}
@@ -217,10 +218,13 @@ def _forward_output(pid: int, streams: list[_Stream], wake_fd: int) -> int | Non
     poller.register(wake_fd, select.POLLIN)
     status: int | None = None
     timeout: int | None = None  # block until the child has exited, then drain
+    drain_reads = _PIPE_SIZE // LINE_CAP + 1  # enough to empty a full pipe
     while by_fd:
         events = poller.poll(timeout)
-        if timeout == 0 and not any(fd in by_fd for fd, _ in events):
-            break
+        if timeout == 0:
+            drain_reads -= 1
+            if drain_reads < 0 or not any(fd in by_fd for fd, _ in events):
+                break
         for fd, _ in events:
             stream = by_fd.get(fd)
             if stream is None:
