@@ -7,6 +7,7 @@ tutorials: ``det.get_cluster_info()``, ``det.ClusterInfo``, ``det.core`` and
 
 from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
 from determined_launch.core import DistributedContext, DistributedError
+from determined_launch.launcher import launch_per_slot
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 
@@ -17,4 +18,5 @@ __all__ = [
     "DistributedError",
     "TrialInfo",
     "get_cluster_info",
+    "launch_per_slot",
 ]
