@@ -227,9 +227,12 @@ def main() -> None:
     p.add_argument("--ipc-dir", default=None)
     p.add_argument("--no-bcast", action="store_true")
     p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--iters", type=int, default=500)
+    p.add_argument("--iters", type=int, default=200, help="timed iterations per round")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--impls", nargs="+", default=["ours", "ours-tcp", "determined", "gloo"])
+    p.add_argument(
+        "--impls", nargs="+", default=["ours", "ours-tcp", "ours-zmq", "determined", "gloo"]
+    )
     p.add_argument("--no-64", action="store_true", help="skip the 64-rank run")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default=os.path.join(HERE, "results-distributed.json"))
@@ -241,23 +244,50 @@ def main() -> None:
     args.peer_python = peer_python()
     rows: list[dict[str, Any]] = []
     for size in args.sizes:
-        for impl in args.impls:
-            r = run(impl, size, args)
+        # Implementations take turns, a round at a time, so that the load of
+        # this shared machine, which drifts, weighs on all of them alike.
+        samples: dict[str, dict[str, list[float]]] = {}
+        for _ in range(args.rounds):
+            for impl in args.impls:
+                r = run(impl, size, args)
+                acc = samples.setdefault(
+                    impl, {"allgather": [], "bcast_rt": [], "bcast_1way": [], "dropped": []}
+                )
+                for key in ("allgather", "bcast_rt", "bcast_1way"):
+                    acc[key] += r[key]
+                acc["dropped"].append(r["dropped"])
+        for impl, r in samples.items():
             row = {
                 "impl": impl,
                 "size": size,
+                "n": len(r["allgather"]),
                 "ag_p50": pct(r["allgather"], 0.5),
                 "ag_p90": pct(r["allgather"], 0.9),
                 "bc_p50": pct(r["bcast_rt"], 0.5),
                 "bc_p90": pct(r["bcast_rt"], 0.9),
                 "bc1_p50": pct(r["bcast_1way"], 0.5),
-                "dropped": r["dropped"],
+                "dropped": sum(r["dropped"]),
             }
             rows.append(row)
             print(
-                f"{impl:>10} n={size:<2} allgather p50 {row['ag_p50']:8.0f} us  p90 "
-                f"{row['ag_p90']:8.0f} us | bcast rt p50 {row['bc_p50']:8.0f} us  p90 "
-                f"{row['bc_p90']:8.0f} us | bcast 1-way p50 {row['bc1_p50']:8.0f} us",
+                f"{impl:>10} n={size:<2} allgather p50 {row['ag_p50']:6.0f} us  p90 "
+                f"{row['ag_p90']:6.0f} us | bcast rt p50 {row['bc_p50']:6.0f} us  p90 "
+                f"{row['bc_p90']:6.0f} us | bcast 1-way p50 {row['bc1_p50']:6.0f} us",
+                flush=True,
+            )
+        base = next((r for r in rows if r["size"] == size and r["impl"] == "determined"), None)
+        if base is not None:
+            for row in rows:
+                if row["size"] == size:
+                    row["ag_ratio"] = row["ag_p50"] / base["ag_p50"]
+                    row["bc_ratio"] = row["bc_p50"] / base["bc_p50"]
+            print(
+                "    p50 vs determined: "
+                + ", ".join(
+                    f"{r['impl']} allgather {r['ag_ratio']:.2f}x bcast {r['bc_ratio']:.2f}x"
+                    for r in rows
+                    if r["size"] == size and r["impl"] != "determined"
+                ),
                 flush=True,
             )
     big: list[dict[str, Any]] = []

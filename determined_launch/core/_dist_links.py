@@ -115,10 +115,10 @@ def _mismatch(where: str, op: int, rank: int, theirs: int, mine_rank: int, mine:
 class _Link:
     """What hubs and members share: keys, a send sequence, the drop log."""
 
-    def __init__(self, rank: int, key: bytes, drops: wire.DropLog, where: str) -> None:
+    def __init__(self, rank: int, key: wire.MacKey, drops: wire.DropLog, where: str) -> None:
         self.rank = rank
         self.key = key
-        self.skey: Optional[bytes] = None
+        self.skey: Optional[wire.MacKey] = None
         self.drops = drops
         self.where = where
         self._seq = 0
@@ -140,7 +140,7 @@ class Hub(_Link):
         channel: HubChannel,
         *,
         rank: int,
-        key: bytes,
+        key: wire.MacKey,
         drops: wire.DropLog,
         where: str,
         expected: int,
@@ -373,7 +373,7 @@ class Member(_Link):
         *,
         rank: int,
         hub_rank: int,
-        key: bytes,
+        key: wire.MacKey,
         drops: wire.DropLog,
         where: str,
         role: str,

@@ -619,11 +619,17 @@ class DistributedContext:
         if kind == wire.BCAST:
             hub.send_to(members, wire.BCAST, op, payload)
             return stuff
+        # With one member, an allgather is an exchange: the hub's part is
+        # the whole result the member lacks, so send it now, not after the
+        # member's part arrives. One trip instead of a round trip.
+        eager = kind == wire.AG and len(members) == 1
+        if eager:
+            hub.send_to(members, wire.RESULT, op, wire.encode_bundle([(own_index, payload)]))
         got = hub.collect(op, kind, members, self._deadline(), _identity_set)
         parts = sorted([(index(r), p) for r, p in got.items()] + [(own_index, payload)])
         if kind == wire.GA:
             hub.send_to(members, wire.ACK, op)
-        else:
+        elif not eager:
             hub.send_to(members, wire.RESULT, op, wire.encode_bundle(parts))
         return [stuff if i == own_index else _loads(p) for i, p in parts]
 
@@ -643,8 +649,10 @@ class DistributedContext:
         if kind == wire.GA:
             member.wait(op, wire.ACK, self._deadline(), idle)
             return None
-        bundle = member.wait(op, wire.RESULT, self._deadline(), idle)
-        return [stuff if i == own_index else _loads(p) for i, p in _parts(bundle)]
+        parts = _parts(member.wait(op, wire.RESULT, self._deadline(), idle))
+        if len(parts) < 2:  # the two-rank exchange: the result lacks our own part
+            parts = sorted([*parts, (own_index, memoryview(payload))])
+        return [stuff if i == own_index else _loads(p) for i, p in parts]
 
     def _hier(self, op: int, stuff: Any, payload: bytes, kind: int) -> Any:
         """Global collectives via the local chiefs (``hierarchical=True``)."""
