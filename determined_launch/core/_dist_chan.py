@@ -46,8 +46,11 @@ class HubChannel(Protocol):
     def send(self, peer: bytes, frame: bytes) -> bool:
         """False when the peer's connection is gone."""
 
-    def send_many(self, peers: list[bytes], frame: bytes) -> list[bytes]:
-        """Send to each; return the peers whose connection is gone."""
+    def send_many(
+        self, peers: list[bytes], frame: bytes, deadline: Optional[float] = None
+    ) -> list[bytes]:
+        """Send to each; return the peers whose connection is gone (or that
+        did not take the frame before ``deadline``, a ``time.monotonic()``)."""
 
     def reachable(self, peer: bytes, ping: bytes) -> bool: ...
 
@@ -62,7 +65,8 @@ class MemberChannel(Protocol):
 
     def connect(self, addr: str) -> None: ...
 
-    def send(self, frame: bytes) -> None: ...
+    def send(self, frame: bytes, deadline: Optional[float] = None) -> bool:
+        """False when the frame could not be sent before ``deadline``."""
 
     def recv(self, block: bool) -> bytes:
         """The next frame from the hub. Raises IdleTimeout."""

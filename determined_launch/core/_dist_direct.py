@@ -76,6 +76,10 @@ def _tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 6000)
 
 
+def _passed(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
 class _Conn:
     """One stream: its socket, unparsed input, unsent output."""
 
@@ -288,9 +292,11 @@ class DirectHubChannel:
 
     # --- output
     def send(self, peer: bytes, frame: bytes) -> bool:
-        return not self.send_many([peer], frame)
+        return not self.send_many([peer], frame, time.monotonic() + SLICE_MS / 1000)
 
-    def send_many(self, peers: list[bytes], frame: bytes) -> list[bytes]:
+    def send_many(
+        self, peers: list[bytes], frame: bytes, deadline: Optional[float] = None
+    ) -> list[bytes]:
         lost: list[bytes] = []
         pending: list[_Conn] = []
         for peer in peers:
@@ -310,6 +316,11 @@ class DirectHubChannel:
                 self._poll.modify(conn.fd, _IN | _OUT)
         # Finish every send before returning, reading meanwhile (see module doc).
         while any(c.alive and c.out for c in pending):
+            if _passed(deadline):
+                for conn in pending:
+                    if conn.out:  # a partial frame would corrupt the stream
+                        self._lost(conn)
+                break
             self._pump(SLICE_MS)
         lost += [c.rid for c in pending if not c.alive and c.rid is not None]
         return lost
@@ -382,16 +393,16 @@ class DirectMemberChannel:
         self._flush(conn)
         return conn
 
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes, deadline: Optional[float] = None) -> bool:
         conn = self._try_connect()
         if conn is None:
             if self._down_since is None:
                 self._early.append(frame)
-            return
+            return True
         conn.queue(frame)
-        self._flush(conn)
+        return self._flush(conn, deadline)
 
-    def _flush(self, conn: _Conn) -> None:
+    def _flush(self, conn: _Conn, deadline: Optional[float] = None) -> bool:
         """Write everything queued, reading meanwhile (see the module doc)."""
         poller: Optional[select.poll] = None
         while conn.alive and conn.out:
@@ -399,15 +410,19 @@ class DirectMemberChannel:
                 conn.write()
             except OSError:
                 self._lost(conn)
-                return
+                return True
             if not conn.out:
-                return
+                return True
+            if _passed(deadline):
+                self._lost(conn)  # a partial frame would corrupt the stream
+                return False
             if poller is None:
                 poller = select.poll()
                 poller.register(conn.fd, _IN | _OUT)
             for _, events in poller.poll(SLICE_MS):
                 if events & _IN:
                     self._read(conn, _DONTWAIT)
+        return True
 
     def _read(self, conn: _Conn, flags: int) -> None:
         frames = conn.read(flags)

@@ -15,9 +15,13 @@ class DistributedError(RuntimeError):
     unusable: every later collective raises the same error.
     """
 
-    def __init__(self, message: str, missing_ranks: Iterable[int] = ()) -> None:
+    def __init__(
+        self, message: str, missing_ranks: Iterable[int] = (), relayed: bool = False
+    ) -> None:
         super().__init__(message)
         self.missing_ranks = tuple(sorted(missing_ranks))
+        #: True when another rank detected the failure and told this one.
+        self.relayed = relayed
 
 
 class DistributedConfigError(DistributedError, LaunchError):

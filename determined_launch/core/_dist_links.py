@@ -99,6 +99,18 @@ def new_rid() -> bytes:
     return b"\x01" + os.urandom(15)
 
 
+def _error_body(error: DistributedError) -> bytes:
+    return json.dumps({"error": str(error), "missing": list(error.missing_ranks)}).encode()
+
+
+def _error_info(payload: memoryview) -> tuple[str, list[int]]:
+    try:
+        info = json.loads(bytes(payload))
+        return str(info["error"]), [int(r) for r in info["missing"]]
+    except (ValueError, KeyError, TypeError):
+        return "collectives aborted", []
+
+
 def _deadline_passed(deadline: Optional[float], now: float) -> bool:
     return deadline is not None and now >= deadline
 
@@ -272,6 +284,8 @@ class Hub(_Link):
             if item is None:
                 continue
             rank, msg = item
+            if msg.mtype == wire.FAIL:
+                raise self.abort(self._member_failed(rank, msg.payload))
             if msg.op == op:
                 self._take(op, want, rank, msg.mtype, msg.payload, got, missing)
             elif msg.op > op:  # pragma: no cover - members cannot run ahead today
@@ -281,6 +295,10 @@ class Hub(_Link):
                     DistributedError(_mismatch(self.where, op, rank, msg.mtype, self.rank, want))
                 )
         return got
+
+    def _member_failed(self, rank: int, payload: memoryview) -> DistributedError:
+        text, missing = _error_info(payload)
+        return DistributedError(f"{text} (reported by rank {rank})", missing, relayed=True)
 
     def _take(
         self,
@@ -324,16 +342,28 @@ class Hub(_Link):
             )
 
     # --- sending
-    def send_to(self, ranks: list[int], mtype: int, op: int, payload: bytes = b"") -> None:
-        """Send one frame to ``ranks``; a rank whose connection is gone has
-        missed a result, so the job is aborted naming it."""
-        lost = self.ch.send_many([self._rid[r] for r in ranks], self.frame(mtype, op, payload))
+    def send_to(
+        self,
+        ranks: list[int],
+        mtype: int,
+        op: int,
+        payload: bytes = b"",
+        deadline: Optional[float] = None,
+    ) -> None:
+        """Send one frame to ``ranks``; a rank whose connection is gone (or
+        that did not take the frame by ``deadline``) has missed a result, so
+        the job is aborted naming it."""
+        frame = self.frame(mtype, op, payload)
+        lost = self.ch.send_many([self._rid[r] for r in ranks], frame, deadline)
         if lost and mtype != wire.ABORT:
             ranks_lost = [self._rank_of[rid] for rid in lost]
+            how = "timed out taking" if _deadline_passed(deadline, time.monotonic()) else (
+                "disconnected before"
+            )
             raise self.abort(
                 DistributedError(
-                    f"{format_ranks(ranks_lost)} disconnected from {self.where} (seen by rank "
-                    f"{self.rank})",
+                    f"{format_ranks(ranks_lost)} {how} a {wire.TYPE_NAMES[mtype]} message from "
+                    f"rank {self.rank} on {self.where}",
                     ranks_lost,
                 )
             )
@@ -354,9 +384,8 @@ class Hub(_Link):
 
     def abort(self, error: DistributedError) -> DistributedError:
         """Tell every member the collectives failed, and return ``error``."""
-        body = json.dumps({"error": str(error), "missing": list(error.missing_ranks)})
         try:
-            self.send_to(list(self._rid), wire.ABORT, 0, body.encode())
+            self.send_to(list(self._rid), wire.ABORT, 0, _error_body(error), time.monotonic() + 1)
         except Exception:  # pragma: no cover - best effort on a failing link
             pass
         return error
@@ -394,8 +423,15 @@ class Member(_Link):
     def close(self, linger_ms: int) -> None:
         self.ch.close(linger_ms)
 
-    def send(self, mtype: int, op: int, payload: bytes = b"") -> None:
-        self.ch.send(self.frame(mtype, op, payload))
+    def send(
+        self, mtype: int, op: int, payload: bytes = b"", deadline: Optional[float] = None
+    ) -> None:
+        if not self.ch.send(self.frame(mtype, op, payload), deadline):
+            raise DistributedError(
+                f"timed out sending a {wire.TYPE_NAMES[mtype]} message to rank {self.hub_rank} "
+                f"({self.role}) at {self.addr}",
+                [self.hub_rank],
+            )
 
     def _accept(self, frame: bytes) -> Optional[wire.Message]:
         try:
@@ -414,12 +450,16 @@ class Member(_Link):
         return msg
 
     def _aborted(self, payload: memoryview) -> DistributedError:
+        text, missing = _error_info(payload)
+        return DistributedError(f"{text} (reported to rank {self.rank})", missing, relayed=True)
+
+    def report(self, error: DistributedError) -> None:
+        """Best effort: tell the hub this member's collective failed, so it
+        aborts the others instead of waiting for this member."""
         try:
-            info = json.loads(bytes(payload))
-            text, missing = str(info["error"]), [int(r) for r in info["missing"]]
-        except (ValueError, KeyError, TypeError):
-            text, missing = "collectives aborted", []
-        return DistributedError(f"{text} (reported to rank {self.rank})", missing)
+            self.ch.send(self.frame(wire.FAIL, 0, _error_body(error)), time.monotonic() + 0.5)
+        except Exception:  # pragma: no cover - the link may be what failed
+            pass
 
     def handshake(self, peer: Peer, deadline: Optional[float], idle: Callable[[], None]) -> bytes:
         """HELLO / WELCOME / READY / START; returns START's payload."""

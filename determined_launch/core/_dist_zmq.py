@@ -40,7 +40,7 @@ _SOCKOPTS = {
     zmq.HEARTBEAT_TIMEOUT: 4000,
     zmq.HEARTBEAT_TTL: 6000,
 }
-_LARGE = 64 * 1024  # frames at least this big are sent zero-copy to each member
+_LARGE = 64 * 1024  # frames at least this big are shared by the sends to each member
 
 _zctx: Optional[zmq.Context[Any]] = None
 _zctx_pid = 0
@@ -117,8 +117,15 @@ class ZmqHubChannel:
         self.sock.send(frame, copy=False)
         return True
 
-    def send_many(self, peers: list[bytes], frame: bytes) -> list[bytes]:
-        data: Union[bytes, zmq.Frame] = zmq.Frame(frame) if len(frame) >= _LARGE else frame
+    def send_many(
+        self, peers: list[bytes], frame: bytes, deadline: Optional[float] = None
+    ) -> list[bytes]:
+        # A large frame is copied once into memory libzmq owns and shared by
+        # every send; zero-copy from the Python object would not survive
+        # interpreter exit while the frame still lingers.
+        data: Union[bytes, zmq.Frame] = frame
+        if len(frame) >= _LARGE:
+            data = zmq.Frame(frame, copy=True)
         return [peer for peer in peers if not self.send(peer, data)]
 
     def reachable(self, peer: bytes, ping: bytes) -> bool:
@@ -147,8 +154,9 @@ class ZmqMemberChannel:
         _ipv6(self.sock, addr)
         self.sock.connect(addr)
 
-    def send(self, frame: bytes) -> None:
-        self.sock.send(frame)
+    def send(self, frame: bytes, deadline: Optional[float] = None) -> bool:
+        self.sock.send(frame)  # queued without limit: never blocks
+        return True
 
     def recv(self, block: bool) -> bytes:
         try:

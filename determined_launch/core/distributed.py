@@ -502,6 +502,10 @@ class DistributedContext:
             return fn()
         except DistributedError as e:
             self._failure = e
+            if not e.relayed:
+                for member in (self._global_member, self._local_member):
+                    if member is not None:
+                        member.report(e)
             raise
         except BaseException as e:
             if not isinstance(e, Exception):  # interrupted mid-protocol
@@ -616,21 +620,23 @@ class DistributedContext:
         index: Callable[[int], int],
     ) -> Any:
         members = list(hub.peers)
+        deadline = self._deadline()
         if kind == wire.BCAST:
-            hub.send_to(members, wire.BCAST, op, payload)
+            hub.send_to(members, wire.BCAST, op, payload, deadline)
             return stuff
         # With one member, an allgather is an exchange: the hub's part is
         # the whole result the member lacks, so send it now, not after the
         # member's part arrives. One trip instead of a round trip.
         eager = kind == wire.AG and len(members) == 1
         if eager:
-            hub.send_to(members, wire.RESULT, op, wire.encode_bundle([(own_index, payload)]))
-        got = hub.collect(op, kind, members, self._deadline(), _identity_set)
+            bundle = wire.encode_bundle([(own_index, payload)])
+            hub.send_to(members, wire.RESULT, op, bundle, deadline)
+        got = hub.collect(op, kind, members, deadline, _identity_set)
         parts = sorted([(index(r), p) for r, p in got.items()] + [(own_index, payload)])
         if kind == wire.GA:
-            hub.send_to(members, wire.ACK, op)
+            hub.send_to(members, wire.ACK, op, b"", deadline)
         elif not eager:
-            hub.send_to(members, wire.RESULT, op, wire.encode_bundle(parts))
+            hub.send_to(members, wire.RESULT, op, wire.encode_bundle(parts), deadline)
         return [stuff if i == own_index else _loads(p) for i, p in parts]
 
     def _as_member(
@@ -643,13 +649,14 @@ class DistributedContext:
         own_index: int,
         idle: Callable[[], None],
     ) -> Any:
+        deadline = self._deadline()
         if kind == wire.BCAST:
-            return _loads(member.wait(op, wire.BCAST, self._deadline(), idle))
-        member.send(kind, op, payload)
+            return _loads(member.wait(op, wire.BCAST, deadline, idle))
+        member.send(kind, op, payload, deadline)
         if kind == wire.GA:
-            member.wait(op, wire.ACK, self._deadline(), idle)
+            member.wait(op, wire.ACK, deadline, idle)
             return None
-        parts = _parts(member.wait(op, wire.RESULT, self._deadline(), idle))
+        parts = _parts(member.wait(op, wire.RESULT, deadline, idle))
         if len(parts) < 2:  # the two-rank exchange: the result lacks our own part
             parts = sorted([*parts, (own_index, memoryview(payload))])
         return [stuff if i == own_index else _loads(p) for i, p in parts]
@@ -670,9 +677,9 @@ class DistributedContext:
                 payload = bytes(gmember.wait(op, wire.BCAST, deadline))
                 stuff = _loads(memoryview(payload))
             else:
-                self._send_global(op, wire.BCAST, payload)
+                self._send_global(op, wire.BCAST, payload, deadline)
             if lhub is not None:
-                lhub.send_to(list(lhub.peers), wire.BCAST, op, payload)
+                lhub.send_to(list(lhub.peers), wire.BCAST, op, payload, deadline)
             return stuff
         parts: dict[int, Any] = {self.rank: payload}
         if lhub is not None:
@@ -683,7 +690,7 @@ class DistributedContext:
             )
         node_kind = wire.NODE_AG if kind == wire.AG else wire.NODE_GA
         if gmember is not None:
-            gmember.send(node_kind, op, wire.encode_bundle(sorted(parts.items())))
+            gmember.send(node_kind, op, wire.encode_bundle(sorted(parts.items())), deadline)
             result = bytes(gmember.wait(op, reply, deadline))
         else:
             ghub = self._global_hub
@@ -701,18 +708,20 @@ class DistributedContext:
             for bundle in got.values():
                 parts.update(_parts(bundle))
             result = wire.encode_bundle(sorted(parts.items())) if kind == wire.AG else b""
-            self._send_global(op, reply, result)
+            self._send_global(op, reply, result, deadline)
         if lhub is not None:
-            lhub.send_to(list(lhub.peers), reply, op, result)
+            lhub.send_to(list(lhub.peers), reply, op, result, deadline)
         if kind == wire.GA:
             return [_loads(p) for _, p in sorted(parts.items())] if self.rank == 0 else None
         return [stuff if r == self.rank else _loads(p) for r, p in _parts(result)]
 
-    def _send_global(self, op: int, mtype: int, payload: bytes) -> None:
+    def _send_global(
+        self, op: int, mtype: int, payload: bytes, deadline: Optional[float]
+    ) -> None:
         """The chief, hierarchical mode: send to the other nodes' local chiefs."""
         if self._global_hub is not None:
             chiefs = [r for r in self._nodes if r != 0]
-            self._global_hub.send_to(chiefs, mtype, op, payload)
+            self._global_hub.send_to(chiefs, mtype, op, payload, deadline)
 
     # -------------------------------------------------------- constructors
     @classmethod

@@ -48,7 +48,7 @@ MAC_SIZE = 32
 MIN_FRAME = HEADER_SIZE + MAC_SIZE
 NONCE_SIZE = 16
 
-# Message types. Member -> hub: HELLO, READY, AG, GA, NODE_AG, NODE_GA.
+# Message types. Member -> hub: HELLO, READY, AG, GA, NODE_AG, NODE_GA, FAIL.
 # Hub -> member: WELCOME, START, RESULT, ACK, BCAST, PING, ABORT.
 HELLO = 1  # job key: who I am, my nonce
 WELCOME = 2  # job key: the hub's nonce, echoing the member's nonce
@@ -63,7 +63,8 @@ ACK = 10  # a gather is complete
 BCAST = 11  # a pickled broadcast value
 PING = 12  # liveness probe; the receiver ignores it
 ABORT = 13  # the job's collectives failed; JSON with the reason
-MAX_TYPE = ABORT
+FAIL = 14  # member -> hub: this member's collective failed; JSON with the reason
+MAX_TYPE = FAIL
 
 TYPE_NAMES = {
     HELLO: "hello",
@@ -79,6 +80,7 @@ TYPE_NAMES = {
     BCAST: "broadcast",
     PING: "ping",
     ABORT: "abort",
+    FAIL: "failure",
 }
 
 _HANDSHAKE = frozenset((HELLO, WELCOME))
