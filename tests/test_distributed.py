@@ -540,6 +540,47 @@ def test_from_torch_distributed_under_two_torchrun_nodes(tmp_path: Path) -> None
         got = json.loads((tmp_path / f"rank-{lay['rank']}.json").read_text())
         assert got.pop("layout") == lay
         assert got.pop("transport") == "direct"
+        assert got.pop("ipc") is False  # bare torchrun: no private directory, loopback TCP
+        assert got == json.loads(json.dumps(expected(lay)))
+
+
+@pytest.mark.slow
+def test_from_torch_distributed_under_det_launch_two_nodes(tmp_path: Path) -> None:
+    """The real launcher, 2 simulated nodes x 2 slots: the environment it
+    gives workers (ports, secret, ipc directory) is all they need."""
+    from tests.conftest import Launch, base_env, free_port_block, launcher_cmd, write_cluster_info
+
+    port = free_port_block()
+    helper = str(Path(__file__).parent / "_distributed_helpers.py")
+    launches = []
+    try:
+        for node in (0, 1):
+            info = write_cluster_info(
+                tmp_path / f"node{node}.json",
+                container_addrs=["127.0.0.1", "127.0.0.1"],
+                container_rank=node,
+                container_slot_counts=[2, 2],
+            )
+            env = base_env(
+                DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port), DET_DIST_SECRET=SECRET
+            )
+            cmd = launcher_cmd(
+                sys.executable, helper, "torchrun", json.dumps({"out_dir": str(tmp_path)})
+            )
+            launches.append(Launch(cmd, env))
+        for launch in launches:
+            assert launch.wait(TORCHRUN_TIMEOUT) == 0, launch.stderr[-3000:]
+    finally:
+        for launch in launches:
+            if launch.proc.poll() is None:
+                launch.proc.kill()
+                launch.proc.communicate()
+            launch.kill_leftovers()
+    for lay in layouts(2, 2):
+        got = json.loads((tmp_path / f"rank-{lay['rank']}.json").read_text())
+        assert got.pop("layout") == lay
+        got.pop("transport")
+        assert got.pop("ipc") is True  # node-local links over the launcher's private dir
         assert got == json.loads(json.dumps(expected(lay)))
 
 

@@ -746,7 +746,8 @@ class DistributedContext:
         """From torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
         ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``). The chief
         address is ``chief_ip``, ``DET_CHIEF_IP`` or ``MASTER_ADDR``."""
-        env = kwargs.pop("env", None) or os.environ
+        env = kwargs.pop("env", None)
+        env = os.environ if env is None else env
         layout = _dist_env.read_torchrun(env)
         if layout is None:
             raise DistributedConfigError(
@@ -760,7 +761,8 @@ class DistributedContext:
         """From the DeepSpeed launcher's variables (``RANK``, ``WORLD_SIZE``,
         ``LOCAL_RANK``, ``LOCAL_SIZE``, ``CROSS_RANK``, ``CROSS_SIZE``), or
         torchrun's when DeepSpeed was started by torchrun."""
-        env = kwargs.pop("env", None) or os.environ
+        env = kwargs.pop("env", None)
+        env = os.environ if env is None else env
         layout = _dist_env.read_deepspeed(env) or _dist_env.read_torchrun(env)
         if layout is None:
             raise DistributedConfigError(
