@@ -437,7 +437,9 @@ def test_env_configures_port_secret_and_ipc(ipc_dir: str) -> None:
     env = {"DET_DIST_PORT": str(port), "DET_DIST_SECRET": SECRET, "DET_DIST_IPC_DIR": ipc_dir}
 
     def body(ctx: DistributedContext) -> Any:
-        return ctx.port, ctx.allgather(ctx.rank), sorted(os.listdir(ipc_dir))
+        got = ctx.port, ctx.allgather(ctx.rank), sorted(os.listdir(ipc_dir))
+        ctx.allgather(None)  # nobody closes (and removes its socket) before all listed
+        return got
 
     for got in run_threads(1, 2, body, port=None, secret=None, env=env):
         assert got[0] == port and got[1] == [0, 1]

@@ -507,10 +507,22 @@ class Member(_Link):
         idle: Callable[[], None] = lambda: None,
     ) -> memoryview:
         """The hub's reply of type ``want`` to collective ``op``."""
-        msg = self._next(deadline, idle, f"the {wire.TYPE_NAMES[want]} result")
-        if msg.op == op and msg.mtype == want:
-            return msg.payload
-        raise DistributedError(_mismatch(self.where, op, self.hub_rank, msg.mtype, self.rank, want))
+        return self.wait_any(op, (want,), deadline, idle)[1]
+
+    def wait_any(
+        self,
+        op: int,
+        want: tuple[int, ...],
+        deadline: Optional[float],
+        idle: Callable[[], None] = lambda: None,
+    ) -> tuple[int, memoryview]:
+        """The hub's reply to collective ``op``, of one of the types ``want``."""
+        msg = self._next(deadline, idle, f"the {wire.TYPE_NAMES[want[0]]} result")
+        if msg.op == op and msg.mtype in want:
+            return msg.mtype, msg.payload
+        raise DistributedError(
+            _mismatch(self.where, op, self.hub_rank, msg.mtype, self.rank, want[0])
+        )
 
     def idle_check(self, now: float) -> None:
         """Read pending frames; raise if the hub aborted the job or has been

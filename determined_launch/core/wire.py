@@ -49,7 +49,7 @@ MIN_FRAME = HEADER_SIZE + MAC_SIZE
 NONCE_SIZE = 16
 
 # Message types. Member -> hub: HELLO, READY, AG, GA, NODE_AG, NODE_GA, FAIL.
-# Hub -> member: WELCOME, START, RESULT, ACK, BCAST, PING, ABORT.
+# Hub -> member: WELCOME, START, RESULT, PART, ACK, BCAST, PING, ABORT.
 HELLO = 1  # job key: who I am, my nonce
 WELCOME = 2  # job key: the hub's nonce, echoing the member's nonce
 READY = 3  # session key: proves the member derived this session's key
@@ -58,13 +58,14 @@ AG = 5  # a pickled contribution to an allgather
 GA = 6  # a pickled contribution to a gather
 NODE_AG = 7  # hierarchical mode: a bundle of one node's allgather contributions
 NODE_GA = 8  # hierarchical mode: a bundle of one node's gather contributions
-RESULT = 9  # a bundle of every contribution (allgather result)
+RESULT = 9  # the pickled list of every contribution (allgather result)
 ACK = 10  # a gather is complete
 BCAST = 11  # a pickled broadcast value
 PING = 12  # liveness probe; the receiver ignores it
 ABORT = 13  # the job's collectives failed; JSON with the reason
 FAIL = 14  # member -> hub: this member's collective failed; JSON with the reason
-MAX_TYPE = FAIL
+PART = 15  # hub -> member, two ranks: the hub's pickled allgather contribution
+MAX_TYPE = PART
 
 TYPE_NAMES = {
     HELLO: "hello",
@@ -81,6 +82,7 @@ TYPE_NAMES = {
     PING: "ping",
     ABORT: "abort",
     FAIL: "failure",
+    PART: "allgather",
 }
 
 _HANDSHAKE = frozenset((HELLO, WELCOME))
