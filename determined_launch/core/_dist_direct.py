@@ -76,6 +76,14 @@ def _tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 6000)
 
 
+def _framed(frame: bytes) -> tuple[memoryview, ...]:
+    """A frame with its length prefix, built once however many peers get it."""
+    head = len(frame).to_bytes(_LEN, "big")
+    if len(frame) < _CHUNK:
+        return (memoryview(head + frame),)
+    return (memoryview(head), memoryview(frame))
+
+
 def _passed(deadline: Optional[float]) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
@@ -95,12 +103,19 @@ class _Conn:
         self.alive = True
         self.problem = ""
 
-    def queue(self, frame: bytes) -> None:
-        head = len(frame).to_bytes(_LEN, "big")
-        if len(frame) < _CHUNK:
-            self.out.append(memoryview(head + frame))
-        else:
-            self.out += (memoryview(head), memoryview(frame))
+    def push(self, chunks: tuple[memoryview, ...]) -> None:
+        """Queue a framed message (``_framed``) and write what the socket
+        takes now; raise OSError if the connection is broken."""
+        if not self.out and len(chunks) == 1:
+            try:
+                n = self.sock.send(chunks[0], _DONTWAIT)
+            except BlockingIOError:
+                n = 0
+            if n < len(chunks[0]):
+                self.out.append(chunks[0][n:])
+            return
+        self.out.extend(chunks)
+        self.write()
 
     def write(self) -> None:
         """Write what the socket takes now; raise OSError if it is broken."""
@@ -116,23 +131,27 @@ class _Conn:
                 out[0] = out[0][n:]
                 return
 
-    def read(self, flags: int = 0) -> Optional[list[bytes]]:
+    def read(self, scratch: memoryview, flags: int = 0) -> Optional[list[bytes]]:
         """Frames completed by what arrived; None on end-of-file or a broken
-        or misbehaving connection (``problem`` says which)."""
+        or misbehaving connection (``problem`` says which).
+
+        Reads into ``scratch``, a preallocated buffer: ``recv(n)`` would
+        allocate ``n`` bytes per call, and at this size that is an mmap.
+        """
         try:
-            data = self.sock.recv(_CHUNK, flags)
+            n = self.sock.recv_into(scratch, 0, flags)
         except BlockingIOError:
             return []
         except OSError:
             return None
-        if not data:
+        if not n:
             return None
-        if not self.buf and self.rid is not None and len(data) >= _LEN:
+        if not self.buf and self.rid is not None and n >= _LEN:
             # Fast path: exactly one whole frame, the usual case.
-            n = int.from_bytes(data[:_LEN], "big")
-            if len(data) == _LEN + n and n <= self.limit:
-                return [data[_LEN:]]
-        self.buf += data
+            size = int.from_bytes(scratch[:_LEN], "big")
+            if n == _LEN + size and size <= self.limit:
+                return [bytes(scratch[_LEN:n])]
+        self.buf += scratch[:n]
         return self.frames()
 
     def frames(self) -> Optional[list[bytes]]:
@@ -165,6 +184,7 @@ class DirectHubChannel:
         self._by_fd: dict[int, _Conn] = {}
         self._by_rid: dict[bytes, _Conn] = {}
         self._ready: deque[tuple[bytes, bytes]] = deque()
+        self._scratch = memoryview(bytearray(_CHUNK))
 
     def bind(self, addr: str) -> str:
         family, sockaddr = parse_addr(addr)
@@ -231,7 +251,7 @@ class DirectHubChannel:
         if conn.rid is None:
             self._preamble(conn)
             return
-        frames = conn.read()
+        frames = conn.read(self._scratch)
         if frames is None:
             self._lost_or_bad(conn)
             return
@@ -241,15 +261,15 @@ class DirectHubChannel:
     def _preamble(self, conn: _Conn) -> None:
         """Read a new connection's routing id, then any frames after it."""
         try:
-            data = conn.sock.recv(_CHUNK)
+            n = conn.sock.recv_into(self._scratch)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self._lost(conn)
             return
-        conn.buf += data
+        conn.buf += self._scratch[:n]
         head = bytes(conn.buf[:_PRE_LEN])
         if not (PREAMBLE.startswith(head) or head.startswith(PREAMBLE)):
             self._reject(conn, "connection without a determined_launch preamble")
@@ -299,14 +319,14 @@ class DirectHubChannel:
     ) -> list[bytes]:
         lost: list[bytes] = []
         pending: list[_Conn] = []
+        chunks = _framed(frame)
         for peer in peers:
             conn = self._by_rid.get(peer)
             if conn is None:
                 lost.append(peer)
                 continue
-            conn.queue(frame)
             try:
-                conn.write()
+                conn.push(chunks)
             except OSError:
                 self._lost(conn)
                 lost.append(peer)
@@ -357,6 +377,7 @@ class DirectMemberChannel:
         self._conn: Optional[_Conn] = None
         self._early: list[bytes] = []
         self._ready: deque[bytes] = deque()
+        self._scratch = memoryview(bytearray(_CHUNK))
         self._down_since: Optional[float] = None
         self._limit = UNTRUSTED_MAX
 
@@ -388,19 +409,28 @@ class DirectMemberChannel:
         self._conn = conn
         conn.out.append(memoryview(PREAMBLE + self._rid))
         for frame in self._early:
-            conn.queue(frame)
+            conn.out.extend(_framed(frame))
         self._early.clear()
         self._flush(conn)
         return conn
 
     def send(self, frame: bytes, deadline: Optional[float] = None) -> bool:
-        conn = self._try_connect()
+        conn = self._conn
         if conn is None:
-            if self._down_since is None:
-                self._early.append(frame)
-            return True
-        conn.queue(frame)
-        return self._flush(conn, deadline)
+            conn = self._try_connect()
+            if conn is None:
+                if self._down_since is None:
+                    self._early.append(frame)
+                return True
+        if conn.alive:
+            try:
+                conn.push(_framed(frame))
+            except OSError:
+                self._lost(conn)
+                return True
+            if conn.out:
+                return self._flush(conn, deadline)
+        return True
 
     def _flush(self, conn: _Conn, deadline: Optional[float] = None) -> bool:
         """Write everything queued, reading meanwhile (see the module doc)."""
@@ -425,7 +455,7 @@ class DirectMemberChannel:
         return True
 
     def _read(self, conn: _Conn, flags: int) -> None:
-        frames = conn.read(flags)
+        frames = conn.read(self._scratch, flags)
         if frames is None:
             if conn.problem:
                 self._drops.drop(conn.problem, self._where)
@@ -434,15 +464,24 @@ class DirectMemberChannel:
             self._ready += frames
 
     def recv(self, block: bool) -> bytes:
+        if self._ready:
+            return self._ready.popleft()
+        conn = self._conn or self._try_connect()
+        if conn is None or not conn.alive:
+            if block:
+                time.sleep(0.05)
+            raise IdleTimeout
+        frames = conn.read(self._scratch, 0 if block else _DONTWAIT)
+        if frames and len(frames) == 1:
+            return frames[0]  # the usual case, without the queue
+        if frames is None:
+            if conn.problem:
+                self._drops.drop(conn.problem, self._where)
+            self._lost(conn)
+        else:
+            self._ready += frames
         if not self._ready:
-            conn = self._try_connect()
-            if conn is None or not conn.alive:
-                if block:
-                    time.sleep(0.05)
-                raise IdleTimeout
-            self._read(conn, 0 if block else _DONTWAIT)
-            if not self._ready:
-                raise IdleTimeout
+            raise IdleTimeout
         return self._ready.popleft()
 
     def _lost(self, conn: _Conn) -> None:

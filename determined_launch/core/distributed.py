@@ -496,10 +496,10 @@ class DistributedContext:
         if self._failure is not None:
             raise self._failure
 
-    def _run(self, fn: Callable[[], Any]) -> Any:
+    def _run(self, fn: Callable[[Any, int], Any], stuff: Any, kind: int) -> Any:
         self._usable()
         try:
-            return fn()
+            return fn(stuff, kind)
         except DistributedError as e:
             self._failure = e
             if not e.relayed:
@@ -546,38 +546,38 @@ class DistributedContext:
         """Every rank gets the list of every rank's ``stuff``, ordered by rank."""
         if self.size < 2:
             return [stuff]
-        return self._run(lambda: self._global(stuff, wire.AG))
+        return self._run(self._global, stuff, wire.AG)
 
     def gather(self, stuff: Any) -> Optional[list[Any]]:
         """The chief gets the list of every rank's ``stuff`` ordered by rank;
         other ranks get ``None`` once the chief has everything."""
         if self.size < 2:
             return [stuff]
-        return self._run(lambda: self._global(stuff, wire.GA))
+        return self._run(self._global, stuff, wire.GA)
 
     def broadcast(self, stuff: Any) -> Any:
         """Every rank gets the chief's ``stuff``; other ranks' argument is ignored."""
         if self.size < 2:
             return stuff
-        return self._run(lambda: self._global(stuff, wire.BCAST))
+        return self._run(self._global, stuff, wire.BCAST)
 
     def allgather_local(self, stuff: Any) -> list[Any]:
         """Like ``allgather`` among the workers of this node, ordered by local rank."""
         if self.local_size < 2:
             return [stuff]
-        return self._run(lambda: self._local(stuff, wire.AG))
+        return self._run(self._local, stuff, wire.AG)
 
     def gather_local(self, stuff: Any) -> Optional[list[Any]]:
         """Like ``gather`` to this node's local chief (local rank 0)."""
         if self.local_size < 2:
             return [stuff]
-        return self._run(lambda: self._local(stuff, wire.GA))
+        return self._run(self._local, stuff, wire.GA)
 
     def broadcast_local(self, stuff: Any = None) -> Any:
         """Every worker of this node gets its local chief's ``stuff``."""
         if self.local_size < 2:
             return stuff
-        return self._run(lambda: self._local(stuff, wire.BCAST))
+        return self._run(self._local, stuff, wire.BCAST)
 
     # --------------------------------------------------------- the protocol
     def _global(self, stuff: Any, kind: int) -> Any:

@@ -86,6 +86,8 @@ TYPE_NAMES = {
 }
 
 _HANDSHAKE = frozenset((HELLO, WELCOME))
+_PREFIX = MAGIC + bytes([VERSION])
+_SMALL = 4096
 _KDF_LABEL = b"determined_launch/dist/v1"
 
 Secret = Union[str, bytes]
@@ -161,21 +163,23 @@ def decode(frame: bytes, key: MacKey, skey: Optional[MacKey]) -> Message:
     key before the MAC is checked, which is harmless: a forged type only
     selects the key the forgery then fails against.
     """
-    if len(frame) < MIN_FRAME:
-        raise BadFrame(f"short frame ({len(frame)} bytes)")
-    if frame[:2] != MAGIC or frame[2] != VERSION:
+    n = len(frame)
+    if n < MIN_FRAME:
+        raise BadFrame(f"short frame ({n} bytes)")
+    if frame[:3] != _PREFIX:
         raise BadFrame("not a determined_launch frame")
     mtype = frame[3]
     use = key if mtype in _HANDSHAKE else skey
     if use is None:
         raise BadFrame("frame before handshake")
-    view = memoryview(frame)
+    # Small frames: slicing bytes is cheaper than going through a memoryview.
+    view = memoryview(frame) if n > _SMALL else frame
     if not hmac.compare_digest(use.mac(view[:-MAC_SIZE]), view[-MAC_SIZE:]):
         raise BadFrame("bad MAC")
     if not 1 <= mtype <= MAX_TYPE:
         raise BadFrame(f"unknown message type {mtype}")
-    _, _, _, sender, seq, op = HEADER.unpack_from(view)
-    return Message(mtype, sender, seq, op, view[HEADER_SIZE:-MAC_SIZE])
+    _, _, _, sender, seq, op = HEADER.unpack_from(frame)
+    return Message(mtype, sender, seq, op, memoryview(frame)[HEADER_SIZE:-MAC_SIZE])
 
 
 # --- bundles: several ranks' pickled contributions in one payload -----------
