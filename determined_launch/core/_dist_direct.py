@@ -416,6 +416,20 @@ class DirectMemberChannel:
 
     def send(self, frame: bytes, deadline: Optional[float] = None) -> bool:
         conn = self._conn
+        if conn is not None and conn.alive and not conn.out:
+            # Fast path: the frame fits in the socket buffer, as usual.
+            data = len(frame).to_bytes(_LEN, "big") + frame
+            try:
+                n = conn.sock.send(data, _DONTWAIT)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._lost(conn)
+                return True
+            if n == len(data):
+                return True
+            conn.out.append(memoryview(data)[n:])
+            return self._flush(conn, deadline)
         if conn is None:
             conn = self._try_connect()
             if conn is None:

@@ -423,6 +423,31 @@ class Member(_Link):
     def close(self, linger_ms: int) -> None:
         self.ch.close(linger_ms)
 
+    def exchange(
+        self,
+        mtype: int,
+        op: int,
+        payload: bytes,
+        want: tuple[int, ...],
+        deadline: Optional[float],
+        idle: Callable[[], None],
+    ) -> tuple[int, memoryview]:
+        """Send a contribution (none when ``mtype`` is 0), then return the
+        hub's reply to collective ``op``: the hot path of every collective,
+        kept short because its cost is paid on every rank, every call."""
+        if mtype:
+            self.send(mtype, op, payload, deadline)
+        if not self._held:
+            try:
+                msg = self._accept(self.ch.recv(True))
+            except IdleTimeout:
+                msg = None
+            if msg is not None:
+                if msg.op == op and msg.mtype in want:
+                    return msg.mtype, msg.payload
+                self._held.append(msg)
+        return self.wait_any(op, want, deadline, idle)
+
     def send(
         self, mtype: int, op: int, payload: bytes = b"", deadline: Optional[float] = None
     ) -> None:

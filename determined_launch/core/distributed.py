@@ -50,6 +50,7 @@ __all__ = ["DistributedConfigError", "DistributedContext", "DistributedError", "
 logger = logging.getLogger("determined_launch.core.distributed")
 
 _LOCAL_OP = 1 << 62  # op ids of *_local collectives, apart from the global ones
+_BCAST, _ACK, _RESULT = (wire.BCAST,), (wire.ACK,), (wire.RESULT, wire.PART)
 _HIERARCHICAL = 1
 _UNIX_PATH_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
@@ -654,12 +655,11 @@ class DistributedContext:
     ) -> Any:
         deadline = self._deadline()
         if kind == wire.BCAST:
-            return _loads(member.wait(op, wire.BCAST, deadline, idle))
-        member.send(kind, op, payload, deadline)
+            return _loads(member.exchange(0, op, b"", _BCAST, deadline, idle)[1])
         if kind == wire.GA:
-            member.wait(op, wire.ACK, deadline, idle)
+            member.exchange(kind, op, payload, _ACK, deadline, idle)
             return None
-        mtype, reply = member.wait_any(op, (wire.RESULT, wire.PART), deadline, idle)
+        mtype, reply = member.exchange(kind, op, payload, _RESULT, deadline, idle)
         if mtype == wire.PART:  # the two-rank exchange: the hub's part only
             return [_loads(reply), stuff] if own_index else [stuff, _loads(reply)]
         out = _result_list(reply)
