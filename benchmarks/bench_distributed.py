@@ -31,6 +31,7 @@ import json
 import os
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -247,8 +248,10 @@ def main() -> None:
         # Implementations take turns, a round at a time, so that the load of
         # this shared machine, which drifts, weighs on all of them alike.
         samples: dict[str, dict[str, list[float]]] = {}
-        for _ in range(args.rounds):
-            for impl in args.impls:
+        round_p50: dict[str, list[tuple[float, float]]] = {}
+        for k in range(args.rounds):
+            order = args.impls if k % 2 == 0 else args.impls[::-1]
+            for impl in order:
                 r = run(impl, size, args)
                 acc = samples.setdefault(
                     impl, {"allgather": [], "bcast_rt": [], "bcast_1way": [], "dropped": []}
@@ -256,6 +259,9 @@ def main() -> None:
                 for key in ("allgather", "bcast_rt", "bcast_1way"):
                     acc[key] += r[key]
                 acc["dropped"].append(r["dropped"])
+                round_p50.setdefault(impl, []).append(
+                    (pct(r["allgather"], 0.5), pct(r["bcast_rt"], 0.5))
+                )
         for impl, r in samples.items():
             row = {
                 "impl": impl,
@@ -277,12 +283,17 @@ def main() -> None:
             )
         base = next((r for r in rows if r["size"] == size and r["impl"] == "determined"), None)
         if base is not None:
+            # Ratios per round (same minute, same load), then their median:
+            # robust to the load of this shared machine drifting between rounds.
+            det = round_p50["determined"]
             for row in rows:
-                if row["size"] == size:
-                    row["ag_ratio"] = row["ag_p50"] / base["ag_p50"]
-                    row["bc_ratio"] = row["bc_p50"] / base["bc_p50"]
+                if row["size"] != size:
+                    continue
+                mine = round_p50[row["impl"]]
+                row["ag_ratio"] = statistics.median(m[0] / d[0] for m, d in zip(mine, det))
+                row["bc_ratio"] = statistics.median(m[1] / d[1] for m, d in zip(mine, det))
             print(
-                "    p50 vs determined: "
+                "    p50 vs determined (median of per-round ratios): "
                 + ", ".join(
                     f"{r['impl']} allgather {r['ag_ratio']:.2f}x bcast {r['bc_ratio']:.2f}x"
                     for r in rows

@@ -268,12 +268,17 @@ class Hub(_Link):
         deadline: Optional[float],
         probe_for: Callable[[set[int]], Iterable[int]],
         idle: Callable[[], None] = lambda: None,
+        each: Optional[Callable[[int, memoryview], None]] = None,
     ) -> dict[int, memoryview]:
-        """Contributions of type ``want`` to collective ``op`` from ``senders``."""
+        """Contributions of type ``want`` to collective ``op`` from ``senders``.
+
+        ``each(rank, payload)`` runs as each one arrives, so work on early
+        contributions overlaps the wait for late ones.
+        """
         got: dict[int, memoryview] = {}
         missing = set(senders)
         for rank, (mtype, payload) in self._inbox.pop(op, {}).items():
-            self._take(op, want, rank, mtype, payload, got, missing)
+            self._take(op, want, rank, mtype, payload, got, missing, each)
         while missing:
             try:
                 item = self._recv(True)
@@ -287,7 +292,7 @@ class Hub(_Link):
             if msg.mtype == wire.FAIL:
                 raise self.abort(self._member_failed(rank, msg.payload))
             if msg.op == op:
-                self._take(op, want, rank, msg.mtype, msg.payload, got, missing)
+                self._take(op, want, rank, msg.mtype, msg.payload, got, missing, each)
             elif msg.op > op:  # pragma: no cover - members cannot run ahead today
                 self._hold(rank, msg)
             else:
@@ -309,6 +314,7 @@ class Hub(_Link):
         payload: memoryview,
         got: dict[int, memoryview],
         missing: set[int],
+        each: Optional[Callable[[int, memoryview], None]],
     ) -> None:
         if mtype != want:
             raise self.abort(
@@ -316,6 +322,8 @@ class Hub(_Link):
             )
         got[rank] = payload
         missing.discard(rank)
+        if each is not None:
+            each(rank, payload)
 
     def _check(
         self,

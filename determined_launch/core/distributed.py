@@ -631,10 +631,12 @@ class DistributedContext:
         eager = kind == wire.AG and len(members) == 1
         if eager:
             hub.send_to(members, wire.PART, op, payload, deadline)
-        got = hub.collect(op, kind, members, deadline, _identity_set)
         out = [stuff] * (len(members) + 1)
-        for rank, part in got.items():
+
+        def unpickle(rank: int, part: memoryview) -> None:
             out[index(rank)] = _loads(part)
+
+        hub.collect(op, kind, members, deadline, _identity_set, each=unpickle)
         if kind == wire.GA:
             hub.send_to(members, wire.ACK, op, b"", deadline)
         elif not eager:
