@@ -180,6 +180,7 @@ class DirectHubChannel:
         self._drops = drops
         self._where = where
         self._listener: Optional[socket.socket] = None
+        self._listen_fd = -1
         self._poll = select.poll()
         self._by_fd: dict[int, _Conn] = {}
         self._by_rid: dict[bytes, _Conn] = {}
@@ -199,7 +200,8 @@ class DirectHubChannel:
             raise BindError(e.errno == errno.EADDRINUSE, str(e)) from None
         sock.setblocking(False)
         self._listener = sock
-        self._poll.register(sock.fileno(), select.POLLIN)
+        self._listen_fd = sock.fileno()
+        self._poll.register(self._listen_fd, select.POLLIN)
         if family == socket.AF_UNIX:
             return addr
         host, port = sock.getsockname()[:2]
@@ -215,7 +217,7 @@ class DirectHubChannel:
 
     def _pump(self, timeout_ms: int) -> None:
         for fd, events in self._poll.poll(timeout_ms):
-            if self._listener is not None and fd == self._listener.fileno():
+            if fd == self._listen_fd:
                 self._accept()
                 continue
             conn = self._by_fd.get(fd)
@@ -359,6 +361,7 @@ class DirectHubChannel:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+            self._listen_fd = -1
 
 
 class DirectMemberChannel:

@@ -444,7 +444,10 @@ class Member(_Link):
         hub's reply to collective ``op``: the hot path of every collective,
         kept short because its cost is paid on every rank, every call."""
         if mtype:
-            self.send(mtype, op, payload, deadline)
+            self._seq += 1
+            frame = wire.encode(self.skey, mtype, self.rank, self._seq, op, payload)  # type: ignore[arg-type]
+            if not self.ch.send(frame, deadline):
+                raise self._send_timeout(mtype)
         if not self._held:
             try:
                 msg = self._accept(self.ch.recv(True))
@@ -460,11 +463,14 @@ class Member(_Link):
         self, mtype: int, op: int, payload: bytes = b"", deadline: Optional[float] = None
     ) -> None:
         if not self.ch.send(self.frame(mtype, op, payload), deadline):
-            raise DistributedError(
-                f"timed out sending a {wire.TYPE_NAMES[mtype]} message to rank {self.hub_rank} "
-                f"({self.role}) at {self.addr}",
-                [self.hub_rank],
-            )
+            raise self._send_timeout(mtype)
+
+    def _send_timeout(self, mtype: int) -> DistributedError:
+        return DistributedError(
+            f"timed out sending a {wire.TYPE_NAMES[mtype]} message to rank {self.hub_rank} "
+            f"({self.role}) at {self.addr}",
+            [self.hub_rank],
+        )
 
     def _accept(self, frame: bytes) -> Optional[wire.Message]:
         try:
