@@ -123,6 +123,27 @@ def test_close_is_idempotent_and_closed_context_refuses(ipc_dir: str) -> None:
     assert left and all(name.endswith(".lock") for name in left), left  # sockets removed
 
 
+def test_forked_child_leaves_the_parents_sockets_alone(ipc_dir: str) -> None:
+    """A fork (a data-loader worker) that closes its copy of the context
+    must not close or unlink what the parent still uses."""
+
+    def body(ctx: DistributedContext) -> Any:
+        ctx.allgather(None)
+        if ctx.rank == 0:
+            pid = os.fork()
+            if pid == 0:
+                ctx.close()
+                os._exit(0)
+            os.waitpid(pid, 0)
+        ctx.allgather(None)  # nobody goes on before the child is gone
+        files = sorted(os.listdir(ipc_dir))
+        return ctx.allgather(ctx.rank), files
+
+    for got, files in run_threads(1, 2, body, ipc_dir=ipc_dir):
+        assert got == [0, 1]
+        assert any(name.endswith(".sock") for name in files), files
+
+
 def test_mismatched_collectives_raise_instead_of_hanging() -> None:
     def body(ctx: DistributedContext) -> str:
         try:

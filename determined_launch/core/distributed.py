@@ -91,9 +91,14 @@ def _tcp_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _close_links(links: list[Any], linger: list[int], paths: list[str], locks: list[int]) -> None:
+def _close_links(
+    pid: int, links: list[Any], linger: list[int], paths: list[str], locks: list[int]
+) -> None:
     """Close sockets and remove socket files; a ``weakref.finalize`` target,
-    so it must not reference the context itself."""
+    so it must not reference the context itself. A forked child (a data
+    loader worker, say) leaves its parent's sockets and files alone."""
+    if os.getpid() != pid:
+        return
     for link in links:
         link.close(linger[0])
     for path in paths:
@@ -207,7 +212,7 @@ class DistributedContext:
         self.transport = _dist_env.resolve_transport(transport, env)
         self._linger[0] = LINGER_MS
         self._finalizer = weakref.finalize(
-            self, _close_links, self._links, self._linger, self._paths, self._locks
+            self, _close_links, os.getpid(), self._links, self._linger, self._paths, self._locks
         )
         try:
             self._connect()
