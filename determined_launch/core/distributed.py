@@ -134,6 +134,9 @@ class DistributedContext:
       (``DET_DIST_IPC_DIR``; loopback TCP without it).
     - ``hierarchical``: route global collectives through the local chiefs.
     - ``force_tcp``: never use ipc://.
+    - ``transport``: ``"direct"`` (stream sockets, default) or ``"zmq"``
+      (``DET_DIST_TRANSPORT``).
+    - ``env``: the environment to read instead of ``os.environ``.
 
     Creating the context is a barrier: it returns once every rank has
     connected. A size-1 context opens no sockets.
@@ -184,6 +187,7 @@ class DistributedContext:
         self.chief_ip: Optional[str] = None
         self.port: Optional[int] = None
         self.timeout: Optional[float] = None
+        self.transport: Optional[str] = None
         if size == 1:
             return
 
