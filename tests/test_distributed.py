@@ -144,6 +144,24 @@ def test_forked_child_leaves_the_parents_sockets_alone(ipc_dir: str) -> None:
         assert any(name.endswith(".sock") for name in files), files
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_gather_does_not_wait_and_early_parts_are_kept_apart(transport: str) -> None:
+    """Non-chiefs return from gather at once, so they can run several
+    gathers ahead of a slow chief; each part must land in its own gather."""
+
+    def body(ctx: DistributedContext) -> Any:
+        if ctx.rank == 0:
+            time.sleep(0.3)
+        out = [ctx.gather((ctx.rank, i)) for i in range(4)]
+        out.append(ctx.allgather(ctx.rank))
+        return out
+
+    results = run_threads(1, 3, body, transport=transport)
+    assert results[0][:4] == [[(r, i) for r in range(3)] for i in range(4)]
+    assert results[1][:4] == results[2][:4] == [None] * 4
+    assert all(r[4] == [0, 1, 2] for r in results)
+
+
 def test_mismatched_collectives_raise_instead_of_hanging() -> None:
     def body(ctx: DistributedContext) -> str:
         try:

@@ -223,13 +223,13 @@ class DirectHubChannel:
             conn = self._by_fd.get(fd)
             if conn is None:
                 continue
-            if events & _OUT and conn.out:
+            if events & _OUT:
                 try:
                     conn.write()
                 except OSError:
                     self._lost(conn)
                     continue
-                if not conn.out:
+                if not conn.out:  # all written: stop asking for POLLOUT
                     self._poll.modify(fd, _IN)
             if events & _IN:
                 self._read(conn)

@@ -50,7 +50,7 @@ __all__ = ["DistributedConfigError", "DistributedContext", "DistributedError", "
 logger = logging.getLogger("determined_launch.core.distributed")
 
 _LOCAL_OP = 1 << 62  # op ids of *_local collectives, apart from the global ones
-_BCAST, _ACK, _RESULT = (wire.BCAST,), (wire.ACK,), (wire.RESULT, wire.PART)
+_BCAST, _RESULT = (wire.BCAST,), (wire.RESULT, wire.PART)
 _HIERARCHICAL = 1
 _UNIX_PATH_MAX = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
@@ -646,9 +646,7 @@ class DistributedContext:
             out[index(rank)] = _loads(part)
 
         hub.collect(op, kind, members, deadline, _identity_set, each=unpickle)
-        if kind == wire.GA:
-            hub.send_to(members, wire.ACK, op, b"", deadline)
-        elif not eager:
+        if kind == wire.AG and not eager:
             # The result is one pickled list: one loads on each member is
             # several times cheaper than a loads per contribution.
             hub.send_to(members, wire.RESULT, op, _dumps(out), deadline)
@@ -668,7 +666,11 @@ class DistributedContext:
         if kind == wire.BCAST:
             return _loads(member.exchange(0, op, b"", _BCAST, deadline, idle)[1])
         if kind == wire.GA:
-            member.exchange(kind, op, payload, _ACK, deadline, idle)
+            # No reply: collectives are numbered, so a part sent early for a
+            # later gather cannot be confused with this one, and waiting for
+            # the chief would only cost this rank a round trip. (Determined's
+            # gather waits; nothing in the API promises that it does.)
+            member.send(kind, op, payload, deadline)
             return None
         mtype, reply = member.exchange(kind, op, payload, _RESULT, deadline, idle)
         if mtype == wire.PART:  # the two-rank exchange: the hub's part only
@@ -687,7 +689,6 @@ class DistributedContext:
                 raise RuntimeError("no local link")
             return self._as_member(local, op, stuff, payload, kind, self.rank, self._watch_global)
         lhub = self._local_hub
-        reply = wire.RESULT if kind == wire.AG else wire.ACK if kind == wire.GA else wire.BCAST
         if kind == wire.BCAST:
             if gmember is not None:
                 payload = bytes(gmember.wait(op, wire.BCAST, deadline))
@@ -707,7 +708,9 @@ class DistributedContext:
         node_kind = wire.NODE_AG if kind == wire.AG else wire.NODE_GA
         if gmember is not None:
             gmember.send(node_kind, op, wire.encode_bundle(sorted(parts.items())), deadline)
-            result = bytes(gmember.wait(op, reply, deadline))
+            if kind == wire.GA:
+                return None
+            result = bytes(gmember.wait(op, wire.RESULT, deadline))
         else:
             ghub = self._global_hub
             if ghub is None:  # pragma: no cover
@@ -723,16 +726,13 @@ class DistributedContext:
             )
             for bundle in got.values():
                 parts.update(_parts(bundle))
-            if kind == wire.AG:
-                out = [stuff if r == 0 else _loads(p) for r, p in sorted(parts.items())]
-                result = _dumps(out)
-            else:
-                result = b""
-            self._send_global(op, reply, result, deadline)
+            out = [stuff if r == 0 else _loads(p) for r, p in sorted(parts.items())]
+            if kind == wire.GA:
+                return out
+            result = _dumps(out)
+            self._send_global(op, wire.RESULT, result, deadline)
         if lhub is not None:
-            lhub.send_to(list(lhub.peers), reply, op, result, deadline)
-        if kind == wire.GA:
-            return [_loads(p) for _, p in sorted(parts.items())] if self.rank == 0 else None
+            lhub.send_to(list(lhub.peers), wire.RESULT, op, result, deadline)
         if self.rank == 0:
             return out
         out = _result_list(memoryview(result))

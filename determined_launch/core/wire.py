@@ -49,7 +49,7 @@ MIN_FRAME = HEADER_SIZE + MAC_SIZE
 NONCE_SIZE = 16
 
 # Message types. Member -> hub: HELLO, READY, AG, GA, NODE_AG, NODE_GA, FAIL.
-# Hub -> member: WELCOME, START, RESULT, PART, ACK, BCAST, PING, ABORT.
+# Hub -> member: WELCOME, START, RESULT, PART, BCAST, PING, ABORT.
 HELLO = 1  # job key: who I am, my nonce
 WELCOME = 2  # job key: the hub's nonce, echoing the member's nonce
 READY = 3  # session key: proves the member derived this session's key
@@ -59,7 +59,7 @@ GA = 6  # a pickled contribution to a gather
 NODE_AG = 7  # hierarchical mode: a bundle of one node's allgather contributions
 NODE_GA = 8  # hierarchical mode: a bundle of one node's gather contributions
 RESULT = 9  # the pickled list of every contribution (allgather result)
-ACK = 10  # a gather is complete
+# 10 is unused (a gather acknowledgement in drafts: gather needs no reply).
 BCAST = 11  # a pickled broadcast value
 PING = 12  # liveness probe; the receiver ignores it
 ABORT = 13  # the job's collectives failed; JSON with the reason
@@ -77,7 +77,6 @@ TYPE_NAMES = {
     NODE_AG: "allgather",
     NODE_GA: "gather",
     RESULT: "allgather",
-    ACK: "gather",
     BCAST: "broadcast",
     PING: "ping",
     ABORT: "abort",
