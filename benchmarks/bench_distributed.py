@@ -9,14 +9,18 @@ process does ``--warmup`` untimed collectives, then ``--iters`` timed ones:
 - allgather: ``allgather({"rank": r, "step": i})``, a round trip by nature
   (every rank's contribution goes to the chief and the result comes back);
 - broadcast round trip: the chief broadcasts a small dict, every rank
-  answers with ``gather`` of an ack; the chief times both. The ack carries
-  the worker's one-way receive latency (same host, so ``time.perf_counter``
-  is one clock), reported as "bcast 1-way".
+  answers with ``gather``; the chief times both. What each worker gathers
+  is its one-way receive latency (same host, so ``time.perf_counter`` is
+  one clock), reported as "bcast 1-way". (Determined's gather also makes
+  every worker wait for an acknowledgement; ours does not.)
 
 Rank 0's per-iteration times give p50/p90. Ours runs with authentication on
 (a secret is set) and ipc:// in a private directory, as our launchers run
 it; the "ours-tcp" row forces loopback TCP for an even comparison with
-Determined, whose chief always listens on TCP. gloo uses
+Determined, whose chief always listens on TCP; "ours-zmq" is our ZeroMQ
+transport. Implementations take turns, a round at a time, and ratios are
+medians of per-round ratios, so that the drifting load of this shared
+machine weighs on all of them alike. gloo uses
 ``all_gather_object`` and ``broadcast_object_list`` + ``gather_object``.
 
 The Determined rows run in the peer virtualenv (``benchmarks/peer_env.sh``);
@@ -250,9 +254,15 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default=os.path.join(HERE, "results-distributed.json"))
     p.add_argument("--plot", default=os.path.join(HERE, "bench_distributed.png"))
+    p.add_argument("--plot-only", action="store_true", help="redraw --plot from --out")
     args = p.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.plot_only:
+        args.peer_python = peer_python()
+        with open(args.out) as f:
+            plot(args, json.load(f)["rows"])
         return
     args.peer_python = peer_python()
     load_at_start = os.getloadavg()
@@ -361,13 +371,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 rows = json.load(open(sys.argv[1]))["rows"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 for ax, key, title in ((axes[0], "ag", "allgather (round trip)"),
-                       (axes[1], "bc", "broadcast + gather ack (round trip)")):
-    for impl in dict.fromkeys(r["impl"] for r in rows):
+                       (axes[1], "bc", "broadcast, then gather (round trip)")):
+    for k, impl in enumerate(dict.fromkeys(r["impl"] for r in rows)):
         rs = [r for r in rows if r["impl"] == impl]
         xs = [r["size"] for r in rs]
-        ax.plot(xs, [r[key + "_p50"] for r in rs], marker="o", label=impl + " p50")
-        ax.plot(xs, [r[key + "_p90"] for r in rs], ls="--", alpha=.5, label=impl + " p90")
+        c = colors[k % len(colors)]
+        ax.plot(xs, [r[key + "_p50"] for r in rs], marker="o", color=c, label=impl + " p50")
+        ax.plot(xs, [r[key + "_p90"] for r in rs], ls="--", color=c, alpha=.5,
+                label=impl + " p90")
     ax.set_yscale("log"); ax.set_xscale("log", base=2)
     ax.set_xticks(xs); ax.set_xticklabels([str(x) for x in xs])
     ax.set_xlabel("ranks (processes, one 2-core host)"); ax.set_ylabel("latency (us)")
