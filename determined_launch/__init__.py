@@ -5,8 +5,9 @@ tutorials: ``det.get_cluster_info()``, ``det.ClusterInfo``, ``det.core`` and
 ``det.LOG_FORMAT``.
 """
 
+from determined_launch import core
 from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 
-__all__ = ["LOG_FORMAT", "ClusterInfo", "TrialInfo", "get_cluster_info"]
+__all__ = ["LOG_FORMAT", "ClusterInfo", "TrialInfo", "core", "get_cluster_info"]

@@ -1,1 +1,18 @@
 """Worker-side library: coordination, preemption and the local Core API."""
+
+from determined_launch.core._context import Context, init
+from determined_launch.core.checkpoint import CheckpointContext
+from determined_launch.core.preempt import PreemptContext, PreemptMode
+from determined_launch.core.searcher import SearcherContext, SearcherOperation
+from determined_launch.core.train import TrainContext
+
+__all__ = [
+    "CheckpointContext",
+    "Context",
+    "PreemptContext",
+    "PreemptMode",
+    "SearcherContext",
+    "SearcherOperation",
+    "TrainContext",
+    "init",
+]
