@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
 import threading
 from typing import Any, Optional
 
@@ -76,3 +78,14 @@ def run_ranks(size: int, fn: Any) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment with the repository importable, for ``python`` children."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env

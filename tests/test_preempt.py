@@ -173,7 +173,9 @@ def test_chief_only_misuse_on_a_worker_is_a_clear_error(tmp_path: pathlib.Path) 
 def test_workers_ask_master_reads_only_its_own_node(tmp_path: pathlib.Path) -> None:
     group = ThreadGroup(4)
     ctxs = [
-        PreemptContext(group.member(r), PreemptMode.WorkersAskMaster, **node_files(tmp_path, r // 2))
+        PreemptContext(
+            group.member(r), PreemptMode.WorkersAskMaster, **node_files(tmp_path, r // 2)
+        )
         for r in range(4)
     ]
     pathlib.Path(node_files(tmp_path, 1)["signal_file"]).touch()
