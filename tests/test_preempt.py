@@ -18,6 +18,7 @@ import pytest
 
 from determined_launch import envvars
 from determined_launch.core import PreemptContext, PreemptMode
+from determined_launch.core.preempt import POOL_EVERY
 from tests._core_helpers import ThreadGroup, run_ranks
 
 
@@ -114,6 +115,31 @@ def test_python_request_on_a_non_chief_rank_reaches_everyone(tmp_path: pathlib.P
 
     stops = run_ranks(3, rank_main)
     assert len(set(stops)) == 1 and stops[0] >= 50
+
+
+def test_blocking_latency_chief_next_call_others_next_pooled_agreement(
+    tmp_path: pathlib.Path,
+) -> None:
+    """What the chief sees counts at the next call; what only another rank
+    sees counts at the next pooled agreement (every POOL_EVERY-th)."""
+
+    def rank_main(dist: Any) -> list[int]:
+        stops = []
+        for requester in (0, 1):
+            ctx = PreemptContext(dist, **node_files(tmp_path, dist.rank))
+            for _ in range(3):
+                assert not ctx.should_preempt()
+            if dist.rank == requester:
+                ctx.request_preemption()
+            start = ctx.calls
+            while not ctx.should_preempt():
+                pass
+            stops.append(ctx.calls - start)
+        return stops
+
+    chief_first, other_first = zip(*run_ranks(2, rank_main))
+    assert set(chief_first) == {1}
+    assert len(set(other_first)) == 1 and 1 <= other_first[0] <= POOL_EVERY
 
 
 def test_operator_file_is_a_source(tmp_path: pathlib.Path) -> None:

@@ -38,16 +38,19 @@ logger = logging.getLogger("determined_launch.core")
 DEFAULT_SYNC_PERIOD = 0.1
 #: Upper bound on calls between two agreements, whatever the step time.
 DEFAULT_MAX_SYNC_INTERVAL = 1000
+#: Every this many agreements, all ranks' views are pooled (see ``_agree``).
+POOL_EVERY = 16
 
 
 class PreemptMode(enum.Enum):
     """How ``should_preempt()`` is called and how its answer is agreed.
 
     ``WorkersAskChief`` (the default): every rank calls ``should_preempt()``
-    in step. The ranks pool what each of them sees (their node's launcher
-    signal, the operator file, ``request_preemption()``) and all get the same
-    answer on the same call. The answer is the OR over all ranks, so a
-    request seen on any node is enough.
+    in step and all get the same answer on the same call. The chief reads
+    its node's sources and broadcasts its decision (a launcher signal on any
+    node reaches the chief's node within a second). Every 16th agreement
+    also pools what the other ranks see, so a ``request_preemption()`` on a
+    non-chief rank counts too, a little later.
 
     ``ChiefOnly``: only the chief may call ``should_preempt()``; it reads its
     own node's sources. Telling the other ranks is up to you. A non-chief
@@ -69,26 +72,28 @@ class PreemptContext:
     """Answers "should this job stop now so it can be resumed later?".
 
     ``should_preempt(block=True)`` (the default, as in Determined) makes one
-    agreement per call in ``WorkersAskChief`` mode: one ``allgather`` of a
-    flag and an integer.
+    agreement per call in ``WorkersAskChief`` mode: a broadcast from the
+    chief of a flag and an integer (an allgather every ``POOL_EVERY``-th).
 
     ``should_preempt(block=False)`` is cheap enough to call every batch. The
     ranks still agree, but only at *sync points*: call indices that every
     rank computes identically. Between sync points a call is a counter
     increment and a comparison (well under a microsecond) and returns the
-    last agreed answer. At a sync point the ranks make the same ``allgather``
-    as a blocking call, and from the pooled step timings choose the next sync
-    point so that agreements are about ``sync_period`` seconds apart (never
+    last agreed answer. At a sync point the ranks make the same agreement as
+    a blocking call, which also fixes the next sync point, chosen from the
+    measured time per call so that agreements are about ``sync_period``
+    seconds apart (never
     more than ``max_sync_interval`` calls, growing at most twofold per
     agreement, so a sudden slowdown costs at most one long interval).
 
     The guarantee (``WorkersAskChief``, both ``block`` values): if every rank
     makes the same sequence of ``should_preempt`` calls, every rank returns
     ``True`` for the first time on the same call index, and keeps returning
-    ``True`` afterwards. A request is seen at the first sync point after it
-    reaches any rank, so with ``block=False`` about ``sync_period`` seconds
-    (or one step, if steps are longer) after the launcher's signal file
-    appears.
+    ``True`` afterwards. A request that reaches the chief is acted on at the
+    next sync point: with ``block=False`` within about ``sync_period``
+    seconds (or one step, if steps are longer) of the launcher's signal file
+    appearing. A request only a non-chief rank sees waits for the next
+    pooled agreement (at most ``POOL_EVERY`` sync points).
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class PreemptContext:
         self._interval = 1  # calls between the last two sync points
         self._last_sync_call = 0
         self._last_sync_end: Optional[float] = None
+        self._agreements = 0
 
     @classmethod
     def from_env(
@@ -167,9 +173,10 @@ class PreemptContext:
     def request_preemption(self, reason: str = "requested from Python") -> None:
         """Ask the job to stop as if the launcher had been signalled.
 
-        Only this process learns of it directly; in ``WorkersAskChief`` mode
-        the next agreement spreads it to every rank. A single attribute
-        write, so it is safe in signal handlers and other threads.
+        Only this process learns of it directly. In ``WorkersAskChief`` mode
+        a request on the chief is acted on at the next agreement, one on
+        another rank at the next pooled agreement. A single attribute write,
+        so it is safe in signal handlers and other threads.
         """
         self._requested = reason
 
@@ -212,9 +219,27 @@ class PreemptContext:
         return out
 
     def _agree(self, n: int) -> bool:
-        """One agreement: every rank contributes [seen, proposed interval]."""
-        vote = [self._local_reason() is not None, self._propose(n, time.monotonic())]
-        votes = [vote] if self._dist.size == 1 else self._dist.allgather(vote)
+        """One agreement on [preempt?, calls until the next sync point].
+
+        Usually the chief decides from what it sees and broadcasts: one
+        message, and the chief does not wait for the others (the same cost
+        as Determined's check). Every ``POOL_EVERY``-th agreement, the first
+        included, is an allgather instead, so that what only a non-chief
+        rank sees (its own ``request_preemption()``, a node whose launcher
+        could not reach the others) still counts: the decision is the OR
+        over all ranks, and the interval the smallest proposed.
+        """
+        self._agreements += 1
+        if self._dist.size == 1:
+            votes = [[self._local_reason() is not None, self._propose(n, time.monotonic())]]
+        elif self._agreements % POOL_EVERY == 1:
+            vote = [self._local_reason() is not None, self._propose(n, time.monotonic())]
+            votes = self._dist.allgather(vote)
+        elif self._dist.rank == 0:
+            vote = [self._local_reason() is not None, self._propose(n, time.monotonic())]
+            votes = [self._dist.broadcast(vote)]
+        else:
+            votes = [self._dist.broadcast(None)]
         self._schedule(n, [int(v[1]) for v in votes])
         return any(bool(v[0]) for v in votes)
 
