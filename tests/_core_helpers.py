@@ -66,7 +66,7 @@ def run_ranks(size: int, fn: Any) -> list[Any]:
     def target(rank: int) -> None:
         try:
             results[rank] = fn(group.member(rank))
-        except BaseException as e:  # noqa: BLE001 - reported to the test below
+        except BaseException as e:  # reported to the test below
             errors.append(e)
             group._barrier.abort()
 
