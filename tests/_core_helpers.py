@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
+import signal
 import threading
+import time
 from typing import Any, Optional
+
+from determined_launch.errors import EXIT_PREEMPTED
+from tests.conftest import Launch, free_port_block, wait_for_file
 
 
 class ThreadGroup:
@@ -89,3 +95,54 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
+
+
+#: Cluster info files of a 2-node x 2-slot job on loopback (the tutorial's).
+TWO_NODE_INFOS = [REPO / "examples" / "core_api" / f"node{rank}.json" for rank in (0, 1)]
+
+
+def start_two_nodes(argv: list[str], env: dict[str, str], launches: list[Any]) -> list[Any]:
+    """Two launchers of one job, as two nodes would run them: the same
+    command, their own cluster info file, a shared port block and secret."""
+    port = str(free_port_block())
+    nodes = []
+    for info in TWO_NODE_INFOS:
+        node_env = dict(
+            env,
+            DET_CLUSTER_INFO_FILE=str(info),
+            C10D_PORT=port,
+            DET_DIST_SECRET="core-test-secret-0123456789",
+        )
+        nodes.append(Launch(argv, node_env))
+    launches.extend(nodes)
+    return nodes
+
+
+#: Preemption grace period the two-node tests give their launchers.
+PREEMPT_GRACE = 20.0
+
+
+def preempt_through_non_chief(chief: Any, other: Any, started: pathlib.Path) -> None:
+    """Once ``started`` exists, signal the non-chief node's launcher; both
+    launchers must exit with the preempted status within the grace period,
+    say so in their summary line, and leave no process behind."""
+    wait_for_file(started, 60, f"{started} (training under way)")
+    t0 = time.monotonic()
+    other.send_signal(signal.SIGUSR1)
+    statuses = [other.wait(PREEMPT_GRACE + 15), chief.wait(PREEMPT_GRACE + 15)]
+    took = time.monotonic() - t0
+    logs = chief.stdout + chief.stderr + other.stdout + other.stderr
+    assert statuses == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs
+    assert took < PREEMPT_GRACE, took
+    for launch in (chief, other):
+        assert "job preempted after the workers acknowledged" in launch.stderr
+        assert launch.leftovers() == []
+
+
+def common_stop(pattern: str, text: str, ranks: int = 4) -> int:
+    """``pattern`` captures (rank, where it stopped); every rank must appear
+    once, all at the same place, which is returned."""
+    stops = {int(r): int(at) for r, at in re.findall(pattern, text)}
+    assert sorted(stops) == list(range(ranks)), text
+    assert len(set(stops.values())) == 1, stops
+    return stops[0]

@@ -7,24 +7,25 @@ scales it (``EXAMPLE_TIME_SCALE``) so the unchanged scripts run faster.
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from determined_launch.core._rundir import read_jsonl
-from determined_launch.errors import EXIT_PREEMPTED
-from tests.conftest import REPO, Launch, base_env, free_port_block, wait_for_file
+from tests._core_helpers import (
+    PREEMPT_GRACE,
+    common_stop,
+    preempt_through_non_chief,
+    start_two_nodes,
+)
+from tests.conftest import REPO, Launch, base_env, wait_for_file
 
 pytestmark = pytest.mark.slow
 EXAMPLES = REPO / "examples" / "core_api"
 SITE = Path(__file__).resolve().parent / "_example_site"
-GRACE = 20.0
 
 
 def example_env(scale: float, **extra: str) -> dict[str, str]:
@@ -109,22 +110,10 @@ def test_preemption_file_pauses_and_a_rerun_resumes(tmp_path: Path) -> None:
     assert read_jsonl(run / "validation.jsonl")[0]["metrics"] == {"x": 100}
 
 
-def start_two_nodes(tmp_path: Path, launches: list[Launch]) -> tuple[Launch, Launch]:
+def start_example_nodes(launches: list[Launch]) -> list[Launch]:
     """examples/core_api/4_distributed.py as two_nodes.sh runs it."""
-    port = free_port_block()
-    nodes = []
-    for rank in (0, 1):
-        env = example_env(
-            0.5,
-            DET_CLUSTER_INFO_FILE=str(EXAMPLES / f"node{rank}.json"),
-            C10D_PORT=str(port),
-            DET_DIST_SECRET="example-test-secret-0123456789",
-            DET_PREEMPT_GRACE=str(GRACE),
-        )
-        launch = Launch([sys.executable, str(EXAMPLES / "4_distributed.py"), "launcher"], env)
-        launches.append(launch)
-        nodes.append(launch)
-    return nodes[0], nodes[1]
+    argv = [sys.executable, str(EXAMPLES / "4_distributed.py"), "launcher"]
+    return start_two_nodes(argv, example_env(0.5, DET_PREEMPT_GRACE=str(PREEMPT_GRACE)), launches)
 
 
 def test_4_distributed_pause_on_non_chief_node_then_resume(
@@ -135,27 +124,15 @@ def test_4_distributed_pause_on_non_chief_node_then_resume(
     the grace period; rerunning the same command continues from there."""
     monkeypatch.chdir(tmp_path)  # Launch inherits the cwd: det_runs/ goes here
     run = tmp_path / "det_runs" / "trial-4"
-    chief, other = start_two_nodes(tmp_path, launches)
-    wait_for_file(run / "training.jsonl", 60, "the chief's first metrics")
-    t0 = time.monotonic()
-    other.send_signal(signal.SIGUSR1)
-    statuses = [other.wait(GRACE + 15), chief.wait(GRACE + 15)]
-    took = time.monotonic() - t0
-    out = chief.stderr + other.stderr
-    stops = {int(r): int(s) for r, s in re.findall(r"\[rank=(\d)\].*preempted after (\d+) ", out)}
-    assert sorted(stops) == [0, 1, 2, 3], out
-    assert len(set(stops.values())) == 1, stops
-    stopped = stops[0]
-    assert statuses == [EXIT_PREEMPTED, EXIT_PREEMPTED], out
-    assert took < GRACE, took
-    assert "job preempted after the workers acknowledged" in chief.stderr
-    assert "job preempted after the workers acknowledged" in other.stderr
+    chief, other = start_example_nodes(launches)
+    preempt_through_non_chief(chief, other, run / "training.jsonl")
+    pattern = r"\[rank=(\d)\].*preempted after (\d+) "
+    stopped = common_stop(pattern, chief.stderr + other.stderr)
     assert steps(run / "training.jsonl")[-1] == stopped < 100
     pointer = read_jsonl(run / "latest_checkpoint.json")[0]
     assert pointer["metadata"] == {"steps_completed": stopped}
-    assert chief.leftovers() == [] and other.leftovers() == []
 
-    chief, other = start_two_nodes(tmp_path, launches)
+    chief, other = start_example_nodes(launches)
     assert [other.wait(90), chief.wait(90)] == [0, 0], chief.stderr + other.stderr
     assert f"{pointer['storage_id']} at batch {stopped}" in chief.stderr
     assert steps(run / "training.jsonl") == list(range(10, 101, 10))
