@@ -52,17 +52,24 @@ def timed_calls(fn: Callable[[], Any], n: int) -> list[int]:
     return out
 
 
+def one_node(rank: int, size: int) -> dict[str, int]:
+    """Rank layout of ``size`` workers on one node (both libraries' keywords)."""
+    return {
+        "rank": rank,
+        "size": size,
+        "local_rank": rank,
+        "local_size": size,
+        "cross_rank": 0,
+        "cross_size": 1,
+    }
+
+
 def ours_worker(rank: int, size: int, port: int, calls: int, blocking_calls: int) -> None:
     sys.path.insert(0, REPO)
     from determined_launch.core import DistributedContext, PreemptContext
 
     dist = DistributedContext(
-        rank=rank,
-        size=size,
-        local_rank=rank,
-        local_size=size,
-        cross_rank=0,
-        cross_size=1,
+        **one_node(rank, size),
         port=port,
         secret="bench-preempt-secret-0123456789",
         ipc_dir=os.environ["BENCH_IPC_DIR"],  # node-local ipc://, as under our launchers
@@ -88,12 +95,7 @@ def peer_worker(rank: int, size: int, port: int, blocking_calls: int) -> None:
     from determined import core
 
     dist = core.DistributedContext(
-        rank=rank,
-        size=size,
-        local_rank=rank,
-        local_size=size,
-        cross_rank=0,
-        cross_size=1,
+        **one_node(rank, size),
         pub_port=port,
         pull_port=port + 1,
     )
