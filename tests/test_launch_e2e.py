@@ -142,3 +142,40 @@ def test_bad_cluster_info_exits_2_and_starts_nothing(
         'expected an integer, got "two"'
     ]
     assert not marker.exists()
+
+
+def test_preemption_signal_on_node1_reaches_every_node(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    port = free_port_block()
+    nodes = []
+    for rank in (0, 1):
+        info = write_cluster_info(
+            tmp_path / f"node{rank}.json",
+            container_addrs=["127.0.0.1", "127.0.0.1"],
+            container_rank=rank,
+            container_slot_counts=[1, 1],
+        )
+        env = base_env(
+            DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port), DET_DIST_SECRET="p" * 32,
+            READY_DIR=str(ready),
+        )
+        worker = [sys.executable, str(WORKERS / "preempt_poll.py")]
+        nodes.append(Launch([sys.executable, "-m", "determined_launch.cli", "torch", *worker], env))
+    launches += nodes
+    for r in (0, 1):
+        wait_for_file(ready / f"rank-{r}", 120, f"rank {r}")
+    time.sleep(0.5)  # both launchers are past their control-channel handshake
+    sent = time.time()
+    nodes[1].send_signal(signal.SIGUSR1)
+    assert nodes[1].wait(30) == 75, nodes[1].stderr
+    assert nodes[0].wait(30) == 75, nodes[0].stderr
+    seen = [float((ready / f"seen-{r}").read_text()) for r in (0, 1)]
+    assert max(seen) - sent < 1.0, seen  # the chief's node saw node 1's signal within 1 s
+    for node in nodes:
+        assert "job preempted after the workers acknowledged; resumable (exit status 75)" in (
+            node.stderr
+        )
+        assert node.leftovers() == []
