@@ -38,8 +38,8 @@ logger = logging.getLogger("determined_launch.core")
 DEFAULT_SYNC_PERIOD = 0.1
 #: Upper bound on calls between two agreements, whatever the step time.
 DEFAULT_MAX_SYNC_INTERVAL = 1000
-#: Every this many agreements, all ranks' views are pooled (see ``_agree``).
-POOL_EVERY = 16
+#: Seconds between agreements that pool every rank's view (see ``_agree``).
+POOL_PERIOD = 1.0
 
 
 class PreemptMode(enum.Enum):
@@ -48,9 +48,9 @@ class PreemptMode(enum.Enum):
     ``WorkersAskChief`` (the default): every rank calls ``should_preempt()``
     in step and all get the same answer on the same call. The chief reads
     its node's sources and broadcasts its decision (a launcher signal on any
-    node reaches the chief's node within a second). Every 16th agreement
-    also pools what the other ranks see, so a ``request_preemption()`` on a
-    non-chief rank counts too, a little later.
+    node reaches the chief's node within a second). About once a second an
+    agreement also pools what the other ranks see, so a
+    ``request_preemption()`` on a non-chief rank counts too, a little later.
 
     ``ChiefOnly``: only the chief may call ``should_preempt()``; it reads its
     own node's sources. Telling the other ranks is up to you. A non-chief
@@ -73,7 +73,7 @@ class PreemptContext:
 
     ``should_preempt(block=True)`` (the default, as in Determined) makes one
     agreement per call in ``WorkersAskChief`` mode: a broadcast from the
-    chief of a flag and an integer (an allgather every ``POOL_EVERY``-th).
+    chief of a flag and two integers (an allgather about once a second).
 
     ``should_preempt(block=False)`` is cheap enough to call every batch. The
     ranks still agree, but only at *sync points*: call indices that every
@@ -93,7 +93,7 @@ class PreemptContext:
     next sync point: with ``block=False`` within about ``sync_period``
     seconds (or one step, if steps are longer) of the launcher's signal file
     appearing. A request only a non-chief rank sees waits for the next
-    pooled agreement (at most ``POOL_EVERY`` sync points).
+    pooled agreement (about ``POOL_PERIOD`` seconds).
     """
 
     def __init__(
@@ -126,7 +126,8 @@ class PreemptContext:
         self._interval = 1  # calls between the last two sync points
         self._last_sync_call = 0
         self._last_sync_end: Optional[float] = None
-        self._agreements = 0
+        self._pool_next = True  # the first agreement pools every rank's view
+        self._last_pool = 0.0
 
     @classmethod
     def from_env(
@@ -223,23 +224,28 @@ class PreemptContext:
 
         Usually the chief decides from what it sees and broadcasts: one
         message, and the chief does not wait for the others (the same cost
-        as Determined's check). Every ``POOL_EVERY``-th agreement, the first
-        included, is an allgather instead, so that what only a non-chief
-        rank sees (its own ``request_preemption()``, a node whose launcher
-        could not reach the others) still counts: the decision is the OR
-        over all ranks, and the interval the smallest proposed.
+        as Determined's check). About once every ``POOL_PERIOD`` seconds (the
+        chief says when, in its broadcast, so every rank knows) the agreement
+        is an allgather instead, so that what only a non-chief rank sees (its
+        own ``request_preemption()``, a node whose launcher lost contact with
+        the others) still counts: the decision is then the OR over all ranks,
+        and the interval the smallest proposed.
         """
-        self._agreements += 1
+        now = time.monotonic()
+        vote: Optional[list[Any]] = None
+        if self._dist.rank == 0 or self._pool_next:
+            vote = [self._local_reason() is not None, self._propose(n, now)]
+        votes: list[Any]
         if self._dist.size == 1:
-            votes = [[self._local_reason() is not None, self._propose(n, time.monotonic())]]
-        elif self._agreements % POOL_EVERY == 1:
-            vote = [self._local_reason() is not None, self._propose(n, time.monotonic())]
+            votes = [vote]
+        elif self._pool_next:
             votes = self._dist.allgather(vote)
-        elif self._dist.rank == 0:
-            vote = [self._local_reason() is not None, self._propose(n, time.monotonic())]
-            votes = [self._dist.broadcast(vote)]
+            self._pool_next, self._last_pool = False, now
         else:
-            votes = [self._dist.broadcast(None)]
+            if vote is not None:  # the chief
+                vote.append(now - self._last_pool >= POOL_PERIOD)
+            votes = [self._dist.broadcast(vote)]
+            self._pool_next = bool(votes[0][2])
         self._schedule(n, [int(v[1]) for v in votes])
         return any(bool(v[0]) for v in votes)
 
