@@ -386,6 +386,7 @@ def test_determined_launch_module_behaves_the_same() -> None:
     assert ours.returncode == 6 and ours.stdout == b"[rank=2] o\n[rank=2] a\n[rank=2] b\n"
 
 
+@pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+")
 def test_imports_only_the_standard_library() -> None:
     # -S: no site-packages hooks, so every import listed is wrap_rank's or Python's own.
     r = subprocess.run(
