@@ -103,9 +103,7 @@ class SlurmCluster:
     def start(self) -> None:
         missing = [t for t in DAEMONS if shutil.which(t) is None]
         if missing:
-            raise ClusterUnavailable(
-                f"missing {', '.join(missing)} (run scripts/install_slurm.sh)"
-            )
+            raise ClusterUnavailable(f"missing {', '.join(missing)} (run scripts/install_slurm.sh)")
         if os.geteuid() != 0:
             raise ClusterUnavailable("the test cluster's slurmd and munged need root")
         os.chmod(self.dir, 0o755)  # slurmd and munged check parent permissions
@@ -239,7 +237,9 @@ class SlurmCluster:
             if ready():
                 return
             time.sleep(0.1)
-        raise ClusterUnavailable(f"timed out after {timeout:.0f}s waiting for {what}; {self._tail(log)}")
+        raise ClusterUnavailable(
+            f"timed out after {timeout:.0f}s waiting for {what}; {self._tail(log)}"
+        )
 
     @staticmethod
     def _tail(path: str) -> str:

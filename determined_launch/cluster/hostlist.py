@@ -19,7 +19,7 @@ import re
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from typing import Callable, Optional
+from typing import Optional
 
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV, LocalMachine, count_visible_gpus
@@ -192,22 +192,10 @@ def lookup_address(host: str) -> Optional[str]:
     return found[0] if found else None
 
 
-#: Looks up addresses for names the system resolver does not know (for
-#: example SLURM's ``NodeAddr``); returns what it found.
-BatchResolver = Callable[[list[str]], Mapping[str, str]]
-
-
-def resolve_hosts(
-    hosts: Sequence[str],
-    where: str,
-    *,
-    fallback: Optional[BatchResolver] = None,
-    fallback_name: str = "",
-    wait_s: float = 0.0,
-) -> list[str]:
-    """Addresses for ``hosts`` (same order), via ``getaddrinfo`` and then
-    ``fallback``; names that stay unknown are retried for ``wait_s`` seconds
-    (Kubernetes creates a pod's DNS record only when the pod exists).
+def resolve_hosts(hosts: Sequence[str], where: str, *, wait_s: float = 0.0) -> list[str]:
+    """Addresses for ``hosts`` (same order); names the resolver does not
+    know yet are retried for ``wait_s`` seconds (Kubernetes creates a pod's
+    DNS record only when the pod exists).
 
     The launcher resolves names once, up front, so a host that no node can
     reach fails here with its name instead of as a rendezvous timeout later.
@@ -221,17 +209,13 @@ def resolve_hosts(
             if addr is not None:
                 found[host] = addr
         missing = [h for h in missing if h not in found]
-        if missing and fallback is not None:
-            found.update((h, a) for h, a in fallback(missing).items() if h in missing)
-            missing = [h for h in missing if h not in found]
         if not missing:
             break
         if time.monotonic() >= deadline:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            also = f", nor {fallback_name}" if fallback_name else ""
             raise ClusterInfoError(
                 f"{where}: cannot resolve host {missing[0]!r}{more} to an address "
-                f"(not in DNS or /etc/hosts{also})"
+                "(not in DNS or /etc/hosts)"
             )
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
     addrs = [found[h] for h in hosts]

@@ -33,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
 
 from determined_launch.cluster.base import Detection, Detector, NoMatch
 from determined_launch.cluster.hostlist import (
@@ -48,14 +49,17 @@ from determined_launch.errors import ClusterInfoError
 
 SCONTROL_TIMEOUT_S = 15.0
 
+NodeAddrs = Callable[[list[str]], Mapping[str, str]]
+
 _LAUNCH_HINT = "srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES python -m ..."
 
 
 def scontrol_node_addrs(names: list[str]) -> dict[str, str]:
-    """``NodeAddr`` of SLURM nodes whose names DNS does not know.
+    """``NodeAddr`` of SLURM nodes, as ``scontrol show node`` reports it.
 
-    Sites (and our test cluster) may name nodes ``n1``, ``n2`` and give their
-    real addresses only in ``slurm.conf``; ``scontrol`` is the authority then.
+    SLURM itself reaches a node at its ``NodeAddr``; sites (and our test
+    cluster) may name nodes ``n1``, ``n2`` and give their addresses only in
+    ``slurm.conf``. Empty when scontrol is unavailable: then names go to DNS.
     """
     if shutil.which("scontrol") is None:
         return {}
@@ -113,8 +117,9 @@ class Slurm(Detector):
 
     name = "slurm"
 
-    def __init__(self, resolve_fallback: bool = True) -> None:
-        self.resolve_fallback = resolve_fallback
+    def __init__(self, node_addrs: Optional[NodeAddrs] = scontrol_node_addrs) -> None:
+        #: Node name -> NodeAddr lookup (tests pass a recorded table).
+        self.node_addrs = node_addrs
 
     def detect(self, env: Mapping[str, str]) -> Detection:
         if "SLURM_JOB_ID" not in env:
@@ -151,12 +156,10 @@ class Slurm(Detector):
             hosts, rank = nodes, node_index
             slots = [self._node_slots(env, default=tasks[node_index])] * len(nodes)
 
-        addrs = resolve_hosts(
-            hosts,
-            nodelist_var,
-            fallback=scontrol_node_addrs if self.resolve_fallback else None,
-            fallback_name="scontrol show node",
-        )
+        # SLURM reaches its nodes at NodeAddr, which may differ from the node
+        # name (and the name may not be in DNS at all).
+        node_addr = self.node_addrs(sorted(set(hosts))) if self.node_addrs else {}
+        addrs = resolve_hosts([node_addr.get(h, h) for h in hosts], nodelist_var)
         return ClusterInfo.from_mapping(
             {"container_addrs": addrs, "container_rank": rank, "container_slot_counts": slots},
             source=self.name,
