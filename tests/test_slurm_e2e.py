@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WORKERS, base_env, free_port_block, wait_for_file
+from tests.conftest import REPO, WORKERS, base_env, free_port_block, wait_for_file
 from tests.slurm_cluster import SlurmCluster, slurm_cluster
 
 __all__ = ["slurm_cluster"]  # the fixture, imported for pytest
@@ -102,14 +102,20 @@ def test_one_launcher_per_node_forms_one_world(cluster: SlurmCluster) -> None:
     assert results(r.stdout) == {rank: (4, 10, "127.0.0.1") for rank in range(4)}
 
 
-def test_one_task_per_slot_launches_each_worker_once(cluster: SlurmCluster) -> None:
-    """srun started 2 tasks per node: each task is a one-slot node, so the
-    world is the step's 4 tasks, not 4 x 2."""
+def test_example_sbatch_one_task_per_slot(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """examples/slurm/cpu_per_task.sbatch, sized down to this cluster: plain
+    `srun` in a batch job with 2 tasks per node starts 4 launchers, each a
+    one-slot node, so the world is the job's 4 tasks, not 4 x 2."""
+    (tmp_path / "train.py").symlink_to(WORKERS / "allreduce.py")
     r = cluster.run(
-        ["srun", "-N2", "--ntasks-per-node=2", *LAUNCH, *ALLREDUCE], env=job_env(), timeout=150
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert results(r.stdout) == {rank: (4, 10, "127.0.0.1") for rank in range(4)}
+        ["sbatch", "--wait", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={tmp_path}",
+         str(REPO / "examples" / "slurm" / "cpu_per_task.sbatch")],
+        env=job_env(),
+        timeout=150,
+    )  # fmt: skip
+    logs = "".join(p.read_text() for p in tmp_path.glob("det-launch-cpu-*.out"))
+    assert r.returncode == 0, r.stderr + logs
+    assert results(logs) == {rank: (4, 10, "127.0.0.1") for rank in range(4)}
 
 
 def test_a_failing_rank_ends_the_whole_step(cluster: SlurmCluster) -> None:
