@@ -104,18 +104,19 @@ def test_one_launcher_per_node_forms_one_world(cluster: SlurmCluster) -> None:
 
 def test_example_sbatch_one_task_per_slot(cluster: SlurmCluster, tmp_path: Path) -> None:
     """examples/slurm/cpu_per_task.sbatch, sized down to this cluster: plain
-    `srun` in a batch job with 2 tasks per node starts 4 launchers, each a
-    one-slot node, so the world is the job's 4 tasks, not 4 x 2."""
+    `srun` in a two-node batch job of 3 tasks (SLURM_TASKS_PER_NODE=2,1)
+    starts 3 launchers, each a one-slot node, so the world is the job's 3
+    tasks, not 3 x 2."""
     (tmp_path / "train.py").symlink_to(WORKERS / "allreduce.py")
     r = cluster.run(
-        ["sbatch", "--wait", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={tmp_path}",
-         str(REPO / "examples" / "slurm" / "cpu_per_task.sbatch")],
+        ["sbatch", "--wait", "--ntasks=3", "--ntasks-per-node=2", "--cpus-per-task=1",
+         f"--chdir={tmp_path}", str(REPO / "examples" / "slurm" / "cpu_per_task.sbatch")],
         env=job_env(),
         timeout=150,
     )  # fmt: skip
     logs = "".join(p.read_text() for p in tmp_path.glob("det-launch-cpu-*.out"))
     assert r.returncode == 0, r.stderr + logs
-    assert results(logs) == {rank: (4, 10, "127.0.0.1") for rank in range(4)}
+    assert results(logs) == {rank: (3, 6, "127.0.0.1") for rank in range(3)}
 
 
 def test_a_failing_rank_ends_the_whole_step(cluster: SlurmCluster) -> None:
