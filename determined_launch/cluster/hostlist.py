@@ -9,6 +9,9 @@ rank. Several bracket groups in one name form a product, leftmost slowest
 prints them.
 
 Task counts use SLURM's run-length form: ``2(x3),1`` is ``[2, 2, 2, 1]``.
+
+The end of the module holds what the scheduler detectors share: integer
+variables, this node's place in a host list, and the slots rule.
 """
 
 from __future__ import annotations

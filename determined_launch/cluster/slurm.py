@@ -23,8 +23,8 @@ A launcher started in the batch script itself (or an ``salloc`` shell) of a
 multi-node job, outside any ``srun`` step, is refused: only the first node
 runs the batch script, so the other nodes would never join.
 
-Node names are resolved with the system resolver and, for names it does not
-know, SLURM's own ``NodeAddr`` (``scontrol show node``).
+Node names become addresses through SLURM's own ``NodeAddr`` (``scontrol
+show node``, how SLURM itself reaches the node) and then the system resolver.
 """
 
 from __future__ import annotations
