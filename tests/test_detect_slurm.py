@@ -221,3 +221,16 @@ def test_detect_prefers_slurm_over_local() -> None:
     report = detect(node_env(0, SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="1"))
     assert report.info.source == "slurm"
     assert [name for name, _ in report.skipped] == ["file", "determined", "torchrun", "mpi"]
+
+
+def test_gpus_slurm_did_not_allocate_are_not_slots() -> None:
+    """A CPU job on a GPU node: SLURM set no GPU variables, so the node's
+    device files are not counted (cgroups may forbid them anyway)."""
+    assert info(step_env(1)).container_slot_counts == (1, 1, 1, 1)
+    assert info(node_env(0, SLURM_JOB_GPUS="0,1")).container_slot_counts == (2, 2)
+
+
+def test_salloc_shell_off_the_nodes_is_refused() -> None:
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "1"}
+    with pytest.raises(ClusterInfoError, match="not on one of the job's nodes.*srun"):
+        slurm.detect(env)

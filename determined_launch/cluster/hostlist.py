@@ -291,18 +291,28 @@ def group_hosts(per_slot: Sequence[str]) -> tuple[list[str], list[int]]:
     return hosts, [counts[h] for h in hosts]
 
 
-def node_slots(env: Mapping[str, str], default: int, scheduler_gpus: Optional[int] = None) -> int:
+def node_slots(
+    env: Mapping[str, str],
+    default: int,
+    scheduler_gpus: Optional[int] = None,
+    *,
+    count_devices: bool = True,
+) -> int:
     """Worker slots on this node, the same rule for every scheduler:
     ``DET_LAUNCH_SLOTS`` (the user said so); the scheduler's GPU count for
-    this node; the GPUs this process can see; else ``default`` (the
-    scheduler's task or slot count for the node)."""
+    this node; the GPUs this process can see (unless ``count_devices`` is
+    false: a scheduler that allocates GPUs itself is the authority, and
+    device files of GPUs it did not allocate say nothing); else ``default``
+    (the scheduler's task or slot count for the node)."""
     if env.get(SLOTS_ENV, "").strip():
         local = LocalMachine().detect(env)  # validates DET_LAUNCH_SLOTS
         if isinstance(local, ClusterInfo):
             return local.slots_per_node
     if scheduler_gpus:
         return scheduler_gpus
-    return count_visible_gpus(env) or default
+    if count_devices:
+        return count_visible_gpus(env) or default
+    return default
 
 
 def read_node_file(path: str, var: str) -> list[str]:

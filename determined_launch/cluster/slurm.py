@@ -112,6 +112,21 @@ def task_hosts(
     return out
 
 
+def slurm_gpus(env: Mapping[str, str]) -> int:
+    """GPUs SLURM gave this task: ``CUDA_VISIBLE_DEVICES`` when set (SLURM
+    narrows it per task with ``--gpus-per-task``), else the step's GPUs on
+    this node. 0 when SLURM allocated none: device files on a GPU node say
+    nothing then (cgroups may forbid them)."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return count_visible_gpus(env)
+    if env.get("SLURM_GPUS_ON_NODE", "").strip():
+        return env_int(env, "SLURM_GPUS_ON_NODE")
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if env.get(var, "").strip():
+            return len([g for g in env[var].split(",") if g.strip()])
+    return 0
+
+
 class Slurm(Detector):
     """``srun`` steps (``SLURM_JOB_ID`` plus the step's node list)."""
 
@@ -129,6 +144,11 @@ class Slurm(Detector):
         if nodelist_var not in env:
             raise ClusterInfoError(f"SLURM job {env['SLURM_JOB_ID']}: {nodelist_var} is not set")
         nodes = expand_hostlist(env[nodelist_var], nodelist_var)
+        if not in_step and "SLURMD_NODENAME" not in env and "SLURM_NODEID" not in env:
+            raise ClusterInfoError(
+                f"SLURM job {env['SLURM_JOB_ID']}: this shell is not on one of the job's nodes "
+                f"(an salloc shell?); start the launcher with srun: {_LAUNCH_HINT}"
+            )
         if not in_step and len(nodes) > 1:
             raise ClusterInfoError(
                 f"the launcher runs in the batch script (or salloc shell) of a "
@@ -182,12 +202,7 @@ class Slurm(Detector):
 
     @staticmethod
     def _node_slots(env: Mapping[str, str], default: int) -> int:
-        gpus = None
-        if env.get("SLURM_GPUS_ON_NODE", "").strip():
-            gpus = env_int(env, "SLURM_GPUS_ON_NODE")
-        elif env.get("SLURM_STEP_GPUS", "").strip():
-            gpus = len([g for g in env["SLURM_STEP_GPUS"].split(",") if g.strip()])
-        return node_slots(env, default, gpus)
+        return node_slots(env, default, slurm_gpus(env), count_devices=False)
 
     @staticmethod
     def _one_task_per_slot(
@@ -196,7 +211,7 @@ class Slurm(Detector):
         """Every task is a one-slot container; see the module docstring."""
         procid = env_int(env, "SLURM_PROCID")
         on_this_node = tasks[node_index]
-        gpus = count_visible_gpus(env)
+        gpus = slurm_gpus(env)
         if gpus > 1:
             raise ClusterInfoError(
                 f"srun started {on_this_node} tasks on node {nodes[node_index]} and this task "
