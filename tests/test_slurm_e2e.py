@@ -119,6 +119,33 @@ def test_example_sbatch_one_task_per_slot(cluster: SlurmCluster, tmp_path: Path)
     assert results(logs) == {rank: (3, 6, "127.0.0.1") for rank in range(3)}
 
 
+DIST_WORKER = """
+import os
+from determined_launch.core import DistributedContext
+with DistributedContext.from_env() as ctx:
+    seen = ctx.allgather((ctx.get_rank(), os.environ["SLURMD_NODENAME"]))
+    print("dist", ctx.get_rank(), ctx.get_size(), ctx.get_cross_rank(), sorted(seen), flush=True)
+"""
+
+
+def test_distributed_context_from_env_in_an_srun_step(cluster: SlurmCluster) -> None:
+    """Workers started by the launcher in an srun step find each other with
+    DistributedContext.from_env(): one allgather across both nodes."""
+    pytest.importorskip(
+        "determined_launch.core.distributed", reason="DistributedContext not merged"
+    )
+    r = cluster.run(
+        ["srun", "-N2", "--ntasks-per-node=1", *LAUNCH, sys.executable, "-c", DIST_WORKER],
+        env=job_env(DET_LAUNCH_SLOTS="2"),
+        timeout=150,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = sorted(re.findall(r"dist (\d) 4 (\d) (.*)$", r.stdout, re.M))
+    everyone = str([(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")])
+    assert lines == [("0", "0", everyone), ("1", "0", everyone), ("2", "1", everyone),
+                     ("3", "1", everyone)]  # fmt: skip
+
+
 def test_a_failing_rank_ends_the_whole_step(cluster: SlurmCluster) -> None:
     """Rank 1 (on n2) exits 3 while rank 0 waits in a collective: the step
     ends with status 3 well before any gloo timeout, nothing left running."""
