@@ -15,6 +15,7 @@ Install the packages with ``scripts/install_slurm.sh``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -31,6 +32,14 @@ DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sinfo", "scontr
 NODES = (("n1", "127.0.0.1"), ("n2", "127.0.0.2"))
 CPUS_PER_NODE = 2
 START_TIMEOUT = 30.0
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Daemons get SIGTERM if the test process dies without its teardown."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ClusterUnavailable(Exception):
@@ -206,7 +215,9 @@ class SlurmCluster:
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(os.path.join(self.dir, f"{name}.stderr"), "wb")  # noqa: SIM115
         env = self.env or dict(os.environ)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+        )
         log.close()
         self.procs.append((name, proc))
 
