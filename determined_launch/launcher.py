@@ -26,6 +26,7 @@ from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
+from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.errors import LaunchError
 from determined_launch.supervise import SupervisorConfig, supervise, write_private_file
 
@@ -210,6 +211,7 @@ def run(
     """Detect, build, supervise; return the exit status. Raises LaunchError."""
     env = os.environ if env is None else env
     info = detect(env, force=options.detector, disable=options.disabled_detectors).info
+    refuse_nested_launch(info, env)
     runtime = make_runtime(info, env)
     try:
         plan = build(info, runtime, args)

@@ -162,11 +162,6 @@ def test_a_failing_rank_ends_the_whole_step(cluster: SlurmCluster) -> None:
     assert left.stdout == b""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SLURM signals every process of the step; until supervise.py starts its children "
-    "with the non-TERM preemption signals ignored (NOTES-sched.md), USR1 kills the workers",
-)
 def test_scancel_signal_preempts_every_node(cluster: SlurmCluster, tmp_path: Path) -> None:
     """``scancel --signal=USR1`` (what ``--signal=USR1@secs`` sends before the
     time limit) reaches the launcher's preemption path on both nodes: the
