@@ -27,6 +27,17 @@ class FileToWrite:
 
 
 @dataclasses.dataclass(frozen=True)
+class BackendArgs:
+    """The user's command line for a backend entry point:
+    ``[OVERRIDES... --] SCRIPT...``."""
+
+    #: Arguments for the backend's own launcher (torchrun, horovodrun, deepspeed).
+    overrides: tuple[str, ...]
+    #: The user's command; never empty.
+    script: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class JobRuntime:
     """Per-launch choices, made by the entry point before any builder runs.
 
@@ -66,6 +77,13 @@ class JobRuntime:
         return os.path.join(self.job_dir, "preempt-acknowledged")
 
 
+def render_env(env: Mapping[str, str]) -> str:
+    """``K=V`` pairs for display; secrets are masked because dry runs end up in logs."""
+    return " ".join(
+        f"{k}={'<secret>' if 'SECRET' in k else shlex.quote(v)}" for k, v in sorted(env.items())
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
     """One process of a plan.
@@ -86,8 +104,7 @@ class ProcessSpec:
     role: str = "worker"
 
     def render(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.argv)}".strip()
+        return f"{render_env(self.env)} {shlex.join(self.argv)}".strip()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +125,6 @@ class LaunchPlan:
 
     def render(self) -> str:
         """The plan as shell lines, for ``--dry-run`` and error messages."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        lines = [f"# {self.name}: common environment: {env}"]
+        lines = [f"# {self.name}: common environment: {render_env(self.env)}"]
         lines += [f"{p.render()}    # {p.name} ({p.role})" for p in self.processes]
         return "\n".join(lines)

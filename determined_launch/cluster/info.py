@@ -23,6 +23,7 @@ _TOP_LEVEL_KEYS = {
     "trial",
     "latest_checkpoint",
     "job_secret",
+    "source",  # informational: which detector produced a file the launcher wrote
 }
 
 
@@ -82,19 +83,25 @@ class ClusterInfo:
     def single_node(self) -> bool:
         return self.num_nodes == 1
 
-    def to_dict(self, *, include_secret: bool = False) -> dict[str, Any]:
-        """JSON-ready form, in the cluster-info file schema plus derived fields."""
-        out: dict[str, Any] = {
+    def to_file_dict(self) -> dict[str, Any]:
+        """The cluster-info file schema; what launchers hand their workers.
+
+        The secret is left out: workers receive it in ``DET_DIST_SECRET``.
+        """
+        return {
             "source": self.source,
             "container_addrs": list(self.container_addrs),
             "container_rank": self.container_rank,
             "container_slot_counts": list(self.container_slot_counts),
             "slot_ids": list(self.slot_ids),
-            "chief_ip": self.chief_ip,
-            "num_nodes": self.num_nodes,
             "latest_checkpoint": self.latest_checkpoint,
             "trial": dataclasses.asdict(self.trial) if self.trial else None,
         }
+
+    def to_dict(self, *, include_secret: bool = False) -> dict[str, Any]:
+        """JSON-ready form, in the cluster-info file schema plus derived fields."""
+        out = self.to_file_dict()
+        out.update(chief_ip=self.chief_ip, num_nodes=self.num_nodes)
         if include_secret:
             out["job_secret"] = self.job_secret
         else:
@@ -202,6 +209,9 @@ class _Validator:
         if latest is not None and not isinstance(latest, str):
             raise self.fail("latest_checkpoint", "expected a string (a checkpoint storage id)")
 
+        origin = data.get("source")
+        if origin is not None and not isinstance(origin, str):
+            raise self.fail("source", "expected a string")
         secret = data.get("job_secret")
         if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
             raise self.fail("job_secret", "expected a string of at least 16 characters")
@@ -211,7 +221,7 @@ class _Validator:
             container_rank=rank,
             container_slot_counts=counts,
             slot_ids=slot_ids,
-            source=source,
+            source=origin or source,
             trial=self.trial(data.get("trial")),
             latest_checkpoint=latest,
             job_secret=secret,

@@ -1,0 +1,5 @@
+import sys
+
+from determined_launch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,364 @@
+"""The control channel between the node launchers of one multi-node job.
+
+torchrun, horovodrun and deepspeed only watch their own node, so when a rank
+dies on node 1 the ranks on node 0 sit in a collective until a gloo or NCCL
+timeout (often 30 minutes). Node launchers therefore keep one TCP connection
+each to the chief's launcher and tell it about failures, completion and
+preemption requests; the chief tells every node to stop, to preempt, or that
+the job has finished. A dropped connection means a dead launcher (the kernel
+closes it), heartbeats catch dead hosts.
+
+Wire format: one JSON object per line, each line prefixed by the hex
+HMAC-SHA256 of ``nonce|direction|seq|json`` under the job secret. The nonce
+is fresh per connection (sent by the chief first), and ``seq`` counts lines
+per direction, so a recorded line cannot be replayed on another connection
+or out of order. A line that fails the check closes the connection; JSON is
+parsed only after the check, and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+from determined_launch.errors import LaunchError
+
+logger = logging.getLogger("determined_launch.control")
+
+HEARTBEAT_INTERVAL = 1.0
+#: A peer silent for this long is declared lost (its host died or hung).
+HEARTBEAT_TIMEOUT = 10.0
+_MAX_LINE = 64 * 1024
+
+Message = dict[str, Any]
+
+
+class ControlError(LaunchError):
+    """The control channel could not be set up or was used wrongly."""
+
+
+class _AuthenticatedStream:
+    """A socket carrying HMAC-checked JSON lines in both directions."""
+
+    def __init__(self, sock: socket.socket, key: bytes, nonce: str, is_chief: bool) -> None:
+        self.sock = sock
+        self.key = key
+        self.nonce = nonce
+        self.send_dir, self.recv_dir = ("c2n", "n2c") if is_chief else ("n2c", "c2n")
+        self.send_seq = 0
+        self.recv_seq = 0
+        self.buffer = b""
+        self.send_lock = threading.Lock()
+
+    def _mac(self, direction: str, seq: int, payload: str) -> str:
+        msg = f"{self.nonce}|{direction}|{seq}|{payload}".encode()
+        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
+
+    def send(self, message: Message) -> None:
+        payload = json.dumps(message, separators=(",", ":"))
+        with self.send_lock:
+            line = f"{self._mac(self.send_dir, self.send_seq, payload)} {payload}\n"
+            self.send_seq += 1
+            self.sock.sendall(line.encode())
+
+    def recv_lines(self) -> Optional[list[Message]]:
+        """Read what is available; ``None`` on EOF or a bad line."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return []
+        except OSError:
+            return None
+        if not data:
+            return None
+        self.buffer += data
+        out: list[Message] = []
+        while b"\n" in self.buffer:
+            raw, self.buffer = self.buffer.split(b"\n", 1)
+            msg = self._verify(raw)
+            if msg is None:
+                return None
+            out.append(msg)
+        if len(self.buffer) > _MAX_LINE:
+            logger.warning("control channel: over-long line from peer; closing connection")
+            return None
+        return out
+
+    def _verify(self, raw: bytes) -> Optional[Message]:
+        try:
+            mac, payload = raw.decode("ascii", errors="strict").split(" ", 1)
+        except (UnicodeDecodeError, ValueError):
+            logger.warning("control channel: malformed line dropped; closing connection")
+            return None
+        expected = self._mac(self.recv_dir, self.recv_seq, payload)
+        if not hmac.compare_digest(mac, expected):
+            logger.warning("control channel: unauthenticated line dropped; closing connection")
+            return None
+        self.recv_seq += 1
+        try:
+            msg = json.loads(payload)
+        except json.JSONDecodeError:
+            return None
+        return msg if isinstance(msg, dict) else None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def derive_key(secret: str) -> bytes:
+    return hashlib.sha256(b"determined_launch control\0" + secret.encode()).digest()
+
+
+class ControlLink:
+    """One side of the channel. Incoming messages land in ``inbox`` (a deque,
+    safe to pop from the supervisor's loop); ``send`` and ``broadcast`` are
+    thread-safe.
+
+    ``node`` in every message is the sender's container rank; the chief adds
+    ``{"type": "lost", "node": N}`` to its inbox when a node disconnects or
+    goes silent, and a node adds ``{"type": "lost", "node": 0}`` when the
+    chief does.
+    """
+
+    def __init__(self, node_rank: int, secret: str) -> None:
+        self.node_rank = node_rank
+        self.key = derive_key(secret)
+        self.inbox: collections.deque[Message] = collections.deque()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class ChiefLink(ControlLink):
+    """The chief's side: accepts one connection per non-chief node."""
+
+    def __init__(self, bind_host: str, port: int, num_nodes: int, secret: str) -> None:
+        super().__init__(0, secret)
+        self.num_nodes = num_nodes
+        self.streams: dict[int, _AuthenticatedStream] = {}
+        self._lock = threading.Lock()
+        self.listener = _listen(bind_host, port)
+        self._spawn(self._accept_loop)
+        self._spawn(self._heartbeat_loop)
+
+    @property
+    def connected_nodes(self) -> set[int]:
+        with self._lock:
+            return set(self.streams)
+
+    def _accept_loop(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self._spawn(self._serve, sock)
+
+    def _serve(self, sock: socket.socket) -> None:
+        nonce = secrets.token_hex(16)
+        stream = _AuthenticatedStream(sock, self.key, nonce, is_chief=True)
+        try:
+            sock.sendall(f"{nonce}\n".encode())
+            sock.settimeout(HEARTBEAT_TIMEOUT)
+            hello = _read_first(stream)
+        except OSError:
+            stream.close()
+            return
+        node = hello.get("node") if hello else None
+        if not hello or hello.get("type") != "hello" or not isinstance(node, int):
+            stream.close()
+            return
+        if not 0 < node < self.num_nodes:
+            logger.warning("control channel: rejected a launcher claiming node %s", node)
+            stream.close()
+            return
+        with self._lock:
+            if node in self.streams:
+                logger.warning("control channel: node %s connected twice; keeping the first", node)
+                stream.close()
+                return
+            self.streams[node] = stream
+        self.inbox.append(hello)
+        self._pump(stream, node)
+        with self._lock:
+            self.streams.pop(node, None)
+        if not self._stop.is_set():
+            self.inbox.append({"type": "lost", "node": node})
+
+    def _pump(self, stream: _AuthenticatedStream, node: int) -> None:
+        stream.sock.settimeout(0.5)
+        last_heard = time.monotonic()
+        while not self._stop.is_set():
+            msgs = stream.recv_lines()
+            if msgs is None:
+                break
+            if msgs:
+                last_heard = time.monotonic()
+            for msg in msgs:
+                if msg.get("type") == "bye":
+                    stream.close()
+                    return
+                if msg.get("type") != "heartbeat":
+                    msg["node"] = node  # trust the authenticated connection, not the body
+                    self.inbox.append(msg)
+            if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
+                logger.warning("control channel: node %s silent for %.0fs", node, HEARTBEAT_TIMEOUT)
+                break
+        stream.close()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL):
+            self.broadcast({"type": "heartbeat"})
+
+    def broadcast(self, message: Message) -> None:
+        with self._lock:
+            streams = list(self.streams.items())
+        for _, stream in streams:
+            try:
+                stream.send(message)
+            except OSError:
+                pass  # the reader thread reports the loss
+
+    def close(self) -> None:
+        super().close()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            for stream in self.streams.values():
+                stream.close()
+
+
+class NodeLink(ControlLink):
+    """A non-chief node's side: connects to the chief, retrying until
+    ``connect_timeout`` because launchers on different nodes start in any order."""
+
+    def __init__(
+        self, chief_host: str, port: int, node_rank: int, secret: str, connect_timeout: float
+    ) -> None:
+        super().__init__(node_rank, secret)
+        self.stream = _connect(chief_host, port, self.key, connect_timeout)
+        self.stream.send({"type": "hello", "node": node_rank})
+        self._spawn(self._pump)
+        self._spawn(self._heartbeat_loop)
+
+    def _pump(self) -> None:
+        self.stream.sock.settimeout(0.5)
+        last_heard = time.monotonic()
+        while not self._stop.is_set():
+            msgs = self.stream.recv_lines()
+            if msgs is None:
+                break
+            if msgs:
+                last_heard = time.monotonic()
+            self.inbox.extend(m for m in msgs if m.get("type") != "heartbeat")
+            if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
+                break
+        if not self._stop.is_set():
+            self.inbox.append({"type": "lost", "node": 0})
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL):
+            try:
+                self.send({"type": "heartbeat"})
+            except OSError:
+                return
+
+    def send(self, message: Message) -> None:
+        self.stream.send(message)
+
+    def close(self) -> None:
+        super().close()
+        try:
+            self.stream.send({"type": "bye"})
+        except OSError:
+            pass
+        self.stream.close()
+
+
+def _read_first(stream: _AuthenticatedStream) -> Optional[Message]:
+    deadline = time.monotonic() + HEARTBEAT_TIMEOUT
+    while time.monotonic() < deadline:
+        msgs = stream.recv_lines()
+        if msgs is None:
+            return None
+        if msgs:
+            return msgs[0]
+    return None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the chief's address if it is local, else every interface.
+
+    Container addresses are often the host's (NAT), which cannot be bound
+    inside the container; traffic is authenticated either way.
+    """
+    last_error: Optional[OSError] = None
+    for candidate in (host, ""):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((candidate, port))
+            sock.listen(64)
+            return sock
+        except OSError as e:
+            sock.close()
+            last_error = e
+            if e.errno == 98:  # EADDRINUSE: binding elsewhere won't help
+                break
+    raise ControlError(
+        f"cannot listen on {host}:{port} for the launcher control channel: {last_error}; "
+        "the launcher uses C10D_PORT, C10D_PORT+1 and C10D_PORT+2 - set C10D_PORT to move them"
+    )
+
+
+def _connect(host: str, port: int, key: bytes, timeout: float) -> _AuthenticatedStream:
+    deadline = time.monotonic() + timeout
+    last_error: Optional[Exception] = None
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((host, port), timeout=2.0)
+        except OSError as e:
+            last_error = e
+            time.sleep(0.2)
+            continue
+        try:
+            sock.settimeout(HEARTBEAT_TIMEOUT)
+            nonce = b""
+            while not nonce.endswith(b"\n") and len(nonce) < 128:
+                chunk = sock.recv(1)
+                if not chunk:
+                    raise ConnectionError("chief closed the connection")
+                nonce += chunk
+            return _AuthenticatedStream(sock, key, nonce.decode().strip(), is_chief=False)
+        except (OSError, UnicodeDecodeError) as e:
+            last_error = e
+            sock.close()
+            time.sleep(0.2)
+    raise ControlError(
+        f"could not reach the chief's launcher at {host}:{port} within {timeout:.0f}s "
+        f"({last_error}); is the launcher running on node 0?"
+    )

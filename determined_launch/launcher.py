@@ -1,0 +1,281 @@
+"""Entry plumbing shared by every launcher: detect, then build, then supervise.
+
+``main_for_backend`` is the whole life of a ``python -m determined_launch.X``
+process. Everything impure that a plan depends on (the private job
+directory, ports, the job secret) is decided here, once, into a
+``JobRuntime``; the backend's builder stays a pure function of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Optional
+
+from determined_launch import envvars
+from determined_launch.backends.per_slot import per_slot_plan
+from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
+from determined_launch.cluster.detect import detect
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.cluster.torchrun_env import refuse_nested_launch
+from determined_launch.errors import LaunchError
+from determined_launch.supervise import SupervisorConfig, supervise, write_private_file
+
+__all__ = [
+    "BackendArgs",
+    "BuildPlan",
+    "LauncherOptions",
+    "launch_per_slot",
+    "main_for_backend",
+    "make_runtime",
+    "split_overrides",
+]
+
+BuildPlan = Callable[[ClusterInfo, JobRuntime, BackendArgs], LaunchPlan]
+
+#: torchrun's and Determined's default master port, used for multi-node jobs.
+DEFAULT_C10D_PORT = 29400
+PREEMPT_GRACE_ENV = "DET_PREEMPT_GRACE"
+PREEMPT_SIGNALS_ENV = "DET_PREEMPT_SIGNALS"
+KILL_AFTER_ENV = "DET_KILL_AFTER"
+CONNECT_TIMEOUT_ENV = "DET_LAUNCH_CONNECT_TIMEOUT"
+DRY_RUN_ENV = "DET_LAUNCH_DRY_RUN"
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherOptions:
+    """Options of the launcher itself (not of torchrun & co.).
+
+    ``python -m determined_launch.X`` reads them from the environment only,
+    because its own arguments belong to the backend; ``det-launch`` also has
+    flags for them.
+    """
+
+    detector: Optional[str] = None
+    disabled_detectors: tuple[str, ...] = ()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    dry_run: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
+        defaults = SupervisorConfig()
+        return cls(
+            supervisor=SupervisorConfig(
+                preempt_grace=_float_env(env, PREEMPT_GRACE_ENV, defaults.preempt_grace),
+                kill_after=_float_env(env, KILL_AFTER_ENV, defaults.kill_after),
+                preempt_signals=parse_signals(
+                    env.get(PREEMPT_SIGNALS_ENV), PREEMPT_SIGNALS_ENV, defaults.preempt_signals
+                ),
+                preempt_file=env.get(envvars.PREEMPT_FILE) or None,
+                connect_timeout=_float_env(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout),
+            ),
+            dry_run=env.get(DRY_RUN_ENV, "") not in ("", "0", "false"),
+        )
+
+
+def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LaunchError(f"environment variable {name}: expected seconds, got {raw!r}") from None
+    if value < 0:
+        raise LaunchError(f"environment variable {name}: must be >= 0, got {raw!r}")
+    return value
+
+
+def parse_signals(raw: Optional[str], where: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``"TERM,USR1"`` or SLURM's ``"USR1@90"`` (the ``@secs`` part is SLURM's
+    lead time and means nothing to us) into signal numbers."""
+    if raw is None or not raw.strip():
+        return default
+    out: list[int] = []
+    for item in raw.split(","):
+        name = item.split("@", 1)[0].strip().upper()
+        if not name:
+            continue
+        if name.isdigit():
+            number = int(name)
+        else:
+            try:
+                number = int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+            except KeyError:
+                raise LaunchError(f"{where}: unknown signal {item.strip()!r}") from None
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            raise LaunchError(f"{where}: {item.strip()} cannot be caught")
+        out.append(number)
+    return tuple(out) or default
+
+
+def split_overrides(argv: Sequence[str], usage: str) -> BackendArgs:
+    """``[OVERRIDES... --] SCRIPT...``, as Determined's launchers take it."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        overrides, script = argv[:i], argv[i + 1 :]
+    else:
+        overrides, script = [], argv
+    if not script:
+        raise LaunchError(f"no command to run; usage: {usage}")
+    return BackendArgs(overrides=tuple(overrides), script=tuple(script))
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _ports(info: ClusterInfo, env: Mapping[str, str]) -> tuple[int, int, int]:
+    """(master, control, dist) ports.
+
+    Multi-node jobs need ports every node can compute without talking first,
+    so they are ``C10D_PORT`` (default 29400) and the next two. A single
+    node picks free ports unless ``C10D_PORT`` is set, so two jobs on one
+    machine never collide.
+    """
+    raw = env.get(envvars.C10D_PORT)
+    if raw:
+        if not raw.isdigit() or not 1024 <= int(raw) <= 65533:
+            raise LaunchError(
+                f"environment variable {envvars.C10D_PORT}: expected a port in 1024-65533, "
+                f"got {raw!r}"
+            )
+        base = int(raw)
+        return base, base + 1, base + 2
+    if info.single_node:
+        return _free_port(), _free_port(), _free_port()
+    return DEFAULT_C10D_PORT, DEFAULT_C10D_PORT + 1, DEFAULT_C10D_PORT + 2
+
+
+def job_secret(info: ClusterInfo, env: Mapping[str, str]) -> str:
+    """The secret that authenticates launcher and DistributedContext traffic.
+
+    ``DET_DIST_SECRET`` wins, then the cluster info's ``job_secret``. A
+    single-node job makes a fresh one (nothing else needs to know it). A
+    multi-node job without one cannot agree on a secret without a trusted
+    channel, so it falls back to a key every node can derive from the
+    cluster info, with a warning: that keeps jobs from talking to each other
+    by accident but does not stop an attacker on the network.
+    """
+    secret = env.get(envvars.DIST_SECRET) or info.job_secret
+    if secret:
+        return secret
+    if info.single_node:
+        return secrets.token_hex(32)
+    print(
+        f"det-launch: WARNING: no job secret for a multi-node job; set {envvars.DIST_SECRET} "
+        "(same value on every node) or 'job_secret' in the cluster info file. Using a key "
+        "derived from the cluster info, which does not authenticate against network attackers.",
+        file=sys.stderr,
+    )
+    basis = json.dumps(
+        [list(info.container_addrs), list(info.container_slot_counts), env.get("SLURM_JOB_ID")]
+    )
+    return hashlib.sha256(basis.encode()).hexdigest()
+
+
+def make_runtime(info: ClusterInfo, env: Mapping[str, str]) -> JobRuntime:
+    """Create the private job directory and decide ports and secret."""
+    job_dir = tempfile.mkdtemp(prefix="det-launch-")  # mode 0700, unique per job
+    master, control, dist = _ports(info, env)
+    runtime = JobRuntime(
+        job_dir=job_dir,
+        master_port=master,
+        control_port=control,
+        dist_port=dist,
+        secret=job_secret(info, env),
+        python=sys.executable,
+    )
+    write_private_file(runtime.cluster_info_file, json.dumps(info.to_file_dict(), indent=2))
+    return runtime
+
+
+def run(
+    build: BuildPlan,
+    args: BackendArgs,
+    options: LauncherOptions,
+    env: Optional[Mapping[str, str]] = None,
+) -> int:
+    """Detect, build, supervise; return the exit status. Raises LaunchError."""
+    env = os.environ if env is None else env
+    info = detect(env, force=options.detector, disable=options.disabled_detectors).info
+    refuse_nested_launch(info, env)
+    runtime = make_runtime(info, env)
+    try:
+        plan = build(info, runtime, args)
+        if options.dry_run:
+            print(plan.render())
+            return 0
+        return supervise(plan, info, runtime, options.supervisor)
+    finally:
+        shutil.rmtree(runtime.job_dir, ignore_errors=True)
+
+
+def report_errors(fn: Callable[[], int]) -> int:
+    """Turn ``LaunchError`` into one line on stderr and its exit status."""
+    try:
+        return fn()
+    except LaunchError as e:
+        print(f"det-launch: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_status
+    except KeyboardInterrupt:
+        return 130
+
+
+def main_for_backend(
+    backend: str,
+    build: BuildPlan,
+    argv: Optional[Sequence[str]] = None,
+    options: Optional[LauncherOptions] = None,
+) -> int:
+    """The whole life of ``python -m determined_launch.<backend>``."""
+    argv = sys.argv[1:] if argv is None else argv
+    usage = f"python -m determined_launch.{backend} [OVERRIDES... --] SCRIPT..."
+
+    def go() -> int:
+        args = split_overrides(argv, usage)
+        return run(build, args, options or LauncherOptions.from_env(os.environ))
+
+    return report_errors(go)
+
+
+def launch_per_slot(
+    worker_argv: Callable[[int, int], Sequence[str]],
+    *,
+    options: Optional[LauncherOptions] = None,
+) -> int:
+    """Start one worker per slot on this node, wrapped in wrap_rank, and
+    supervise them; return the job's exit status.
+
+    This is the seed tutorial's hand-written ``launcher_main()`` with the
+    parts that are easy to get wrong done for you: the first failure stops
+    the other workers (TERM, then KILL), failures on other nodes stop this
+    one, and the summary names the rank that failed first::
+
+        def launcher_main():
+            return det.launch_per_slot(
+                lambda rank, local_rank: [sys.executable, __file__, "worker"]
+            )
+
+    ``worker_argv(rank, local_rank)`` gives each worker's command; workers
+    also find ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+    ``CROSS_RANK`` and ``CROSS_SIZE`` in their environment.
+    """
+
+    def build(info: ClusterInfo, runtime: JobRuntime, _args: BackendArgs) -> LaunchPlan:
+        return per_slot_plan(info, runtime, worker_argv)
+
+    opts = options or LauncherOptions.from_env(os.environ)
+    return report_errors(lambda: run(build, BackendArgs((), ("<per-slot>",)), opts))
