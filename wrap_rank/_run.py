@@ -283,10 +283,14 @@ def write_status(
     tmp = os.path.join(directory, f".rank-{rank}.json.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        _write_all(fd, json.dumps(record).encode() + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
+        try:
+            _write_all(fd, json.dumps(record).encode() + b"\n")
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except OSError:
+        os.unlink(tmp)  # a full disk, say: leave no half-written file behind
+        raise
 
 
 def _report(rank: int, status: int, signum: int | None, pid: int | None) -> None:
