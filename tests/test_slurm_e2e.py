@@ -194,3 +194,46 @@ def test_scancel_signal_preempts_every_node(cluster: SlurmCluster, tmp_path: Pat
     seen = [float((ready / f"seen-{r}").read_text()) for r in (0, 1)]
     assert max(seen) - sent < 2.0, seen
     assert err.count("job preempted after the workers acknowledged") == 2, err
+
+
+def test_requeue_after_acknowledged_preemption(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """``DET_LAUNCH_REQUEUE=1``: after the workers acknowledge a USR1
+    preemption, the chief's launcher runs ``scontrol requeue`` and SLURM
+    counts a restart of the batch job."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    script = tmp_path / "job.sbatch"
+    worker = " ".join([sys.executable, str(WORKERS / "preempt_poll.py")])
+    script.write_text(
+        "#!/bin/bash\n"
+        f"srun --ntasks=2 --ntasks-per-node=1 {' '.join(LAUNCH)} {worker}\n"
+    )
+    env = job_env(READY_DIR=str(ready), DET_LAUNCH_REQUEUE="1", DET_PREEMPT_SIGNALS="USR1")
+    r = cluster.run(
+        ["sbatch", "--parsable", "-N2", "--requeue", f"--output={tmp_path}/out-%j.txt",
+         str(script)],
+        env=env,
+        cwd=str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    try:
+        for rank in (0, 1):
+            wait_for_file(ready / f"rank-{rank}", 120, f"rank {rank}")
+        time.sleep(0.5)
+        assert cluster.run(["scancel", "--signal=USR1", job_id]).returncode == 0
+        deadline = time.monotonic() + 60
+        shown = ""
+        while time.monotonic() < deadline:
+            shown = cluster.run(["scontrol", "show", "job", job_id]).stdout
+            if "Restarts=1" in shown:
+                break
+            time.sleep(0.5)
+        assert "Restarts=1" in shown, shown + cluster.logs()
+        out = (tmp_path / f"out-{job_id}.txt").read_text()
+        assert f"det-launch: requeued SLURM job {job_id}" in out, out
+        # Requeueing ends the batch script itself, so the launcher's own
+        # summary is the record of the step's status.
+        assert out.count("job preempted after the workers acknowledged; resumable") == 2, out
+    finally:
+        cluster.run(["scancel", job_id])
