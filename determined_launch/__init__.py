@@ -7,6 +7,7 @@ tutorials: ``det.get_cluster_info()``, ``det.ClusterInfo``, ``det.core`` and
 
 from determined_launch import core
 from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
+from determined_launch.core import DistributedContext, DistributedError
 from determined_launch.launcher import launch_per_slot
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
@@ -14,6 +15,8 @@ LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 __all__ = [
     "LOG_FORMAT",
     "ClusterInfo",
+    "DistributedContext",
+    "DistributedError",
     "TrialInfo",
     "core",
     "get_cluster_info",
