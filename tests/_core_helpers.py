@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import signal
@@ -11,7 +10,7 @@ import time
 from typing import Any, Optional
 
 from determined_launch.errors import EXIT_PREEMPTED
-from tests.conftest import Launch, free_port_block, wait_for_file
+from tests.conftest import REPO, Launch, free_port_block, wait_for_file
 
 
 class ThreadGroup:
@@ -84,17 +83,6 @@ def run_ranks(size: int, fn: Any) -> list[Any]:
     if errors:
         raise errors[0]
     return results
-
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment with the repository importable, for ``python`` children."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
 
 
 #: Cluster info files of a 2-node x 2-slot job on loopback (the tutorial's).

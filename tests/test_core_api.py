@@ -18,7 +18,8 @@ from determined_launch import ClusterInfo, core
 from determined_launch.core._rundir import read_jsonl
 from determined_launch.core.checkpoint import PARTIAL_PREFIX, merge_metadata
 from determined_launch.errors import LaunchError
-from tests._core_helpers import ThreadGroup, run_ranks, subprocess_env
+from tests._core_helpers import run_ranks
+from tests.conftest import base_env
 
 
 def make_info(trial_id: int | None = 7, max_length: int | None = 20, **extra: Any) -> ClusterInfo:
@@ -40,8 +41,11 @@ def make_context(tmp_path: pathlib.Path, dist: Any, **kwargs: Any) -> core.Conte
     return core.init(distributed=dist, run_dir=str(tmp_path / "run"), **kwargs)
 
 
-def solo() -> Any:
-    return ThreadGroup(1).member(0)
+def solo() -> core.DistributedContext:
+    """The real single-process context (it opens no sockets)."""
+    return core.DistributedContext(
+        rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1
+    )
 
 
 # --- train -------------------------------------------------------------------
@@ -147,15 +151,13 @@ def test_crash_during_store_path_leaves_no_complete_checkpoint(tmp_path: pathlib
     """A worker killed mid-save (SIGKILL: no cleanup code runs)."""
     script = textwrap.dedent(
         f"""
-        import os, signal, sys
+        import os, signal
         from determined_launch import ClusterInfo, core
-        from tests._core_helpers import ThreadGroup
         info = ClusterInfo.from_mapping(
             {{"container_addrs": ["127.0.0.1"], "container_rank": 0,
               "container_slot_counts": [1], "trial": {{"trial_id": 7}}}},
             source="test", where="test")
-        ctx = core.init(distributed=ThreadGroup(1).member(0), info=info,
-                        run_dir={str(tmp_path / "run")!r})
+        ctx = core.init(info=info, run_dir={str(tmp_path / "run")!r})
         with ctx.checkpoint.store_path({{"steps_completed": 1}}) as (path, sid):
             (path / "weights").write_text("complete")
         print(sid, flush=True)
@@ -170,7 +172,7 @@ def test_crash_during_store_path_leaves_no_complete_checkpoint(tmp_path: pathlib
         capture_output=True,
         text=True,
         timeout=60,
-        env=subprocess_env(),
+        env=base_env(),
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     good, crashed = proc.stdout.split()
@@ -322,5 +324,15 @@ def test_init_errors(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_context_closes_distributed(tmp_path: pathlib.Path) -> None:
     dist = solo()
     with make_context(tmp_path, dist) as ctx:
-        assert ctx.distributed is dist and not dist.closed
-    assert dist.closed
+        assert ctx.distributed is dist and dist.allgather(1) == [1]
+    assert "closed" in repr(dist)
+
+
+def test_without_distributed_init_makes_a_single_process_context(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with core.init(info=make_info(), run_dir=str(tmp_path)) as ctx:
+        assert isinstance(ctx.distributed, core.DistributedContext)
+        assert (ctx.distributed.rank, ctx.distributed.size) == (0, 1)
+        assert ctx.preempt.should_preempt() is False
