@@ -78,9 +78,7 @@ def wait_for(endpoints: Sequence[tuple[str, int, bool]], timeout: float) -> None
                 if ssh
                 else "did the chief's launcher start?"
             )
-            raise GateError(
-                f"{what} at {host}:{port} did not answer within {timeout:g}s; {hint}"
-            )
+            raise GateError(f"{what} at {host}:{port} did not answer within {timeout:g}s; {hint}")
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
 

@@ -118,9 +118,7 @@ _DS_SAFE = re.compile(r"[\w@%+=:,./-]*\Z")
 
 def is_exportable(name: str) -> bool:
     return (
-        bool(_NAME.match(name))
-        and name not in UNSAFE_VARS
-        and not name.startswith(UNSAFE_PREFIXES)
+        bool(_NAME.match(name)) and name not in UNSAFE_VARS and not name.startswith(UNSAFE_PREFIXES)
     )
 
 
@@ -150,13 +148,15 @@ def env_file_content(environ: Mapping[str, str]) -> str:
             continue
         value = environ[name]
         if "\n" in value or "\r" in value:
-            logger.warning("det-launch: not exporting %s to other nodes: its value has a newline",
-                           name)
+            logger.warning(
+                "det-launch: not exporting %s to other nodes: its value has a newline", name
+            )
             continue
         if value != value.strip():
             logger.warning(
                 "det-launch: not exporting %s to other nodes: DeepSpeed would strip the blanks "
-                "around its value", name
+                "around its value",
+                name,
             )
             continue
         lines.append(f"{name}={quote_value(value)}\n")

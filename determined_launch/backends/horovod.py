@@ -192,9 +192,7 @@ def _horovodrun_plan(
     ]
     if wait_ssh:
         argv = [
-            *ssh.gate_argv(
-                runtime, wait_ssh=wait_ssh, timeout=ssh.connect_timeout(facts.environ)
-            ),
+            *ssh.gate_argv(runtime, wait_ssh=wait_ssh, timeout=ssh.connect_timeout(facts.environ)),
             *argv,
         ]
     return LaunchPlan(
@@ -276,8 +274,10 @@ def _direct_plan(
         }
     )
     # Rendezvous waits for every node: allow as long as the launchers do.
-    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", facts.environ.get(
-        "HOROVOD_GLOO_TIMEOUT_SECONDS", f"{timeout:g}"))
+    env.setdefault(
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        facts.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{timeout:g}"),
+    )
     env.update(flags_to_env(opts.horovodrun_args))
     addr = info.container_addrs[info.container_rank]
     gate = ssh.gate_argv(
