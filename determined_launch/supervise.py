@@ -26,6 +26,7 @@ import enum
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -198,8 +199,7 @@ class Supervisor:
             self._stop_everything(immediately=False)
             if self.link is not None:
                 self.link.close()
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
+            self._restore_signal_handlers(old_handlers)
 
     def _prepare_files(self) -> None:
         for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):
@@ -243,7 +243,14 @@ class Supervisor:
     # ------------------------------------------------------------------ watch
     def _watch(self) -> int:
         while self.final_status is None:
-            time.sleep(_TICK)
+            # Sleep until the next tick, or until a signal arrives (SIGCHLD
+            # included), so a worker's exit is seen at once, not a tick later.
+            select.select([self._wake_r], [], [], _TICK)
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
             self._handle_signals()
             self._handle_messages()
             self._check_status_files()
@@ -257,7 +264,20 @@ class Supervisor:
         wanted = set(self.config.preempt_signals) | {signal.SIGINT} | set(_FORWARDED_SIGNALS)
         for sig in wanted:
             old[sig] = signal.signal(sig, lambda signum, _frame: self.signals.append(signum))
+        old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+        self._wake_r, wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(wake_w, False)
+        self._old_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        self._wake_w = wake_w
         return old
+
+    def _restore_signal_handlers(self, old: dict[int, Any]) -> None:
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
     def _handle_signals(self) -> None:
         while self.signals:

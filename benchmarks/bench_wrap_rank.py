@@ -1,0 +1,166 @@
+"""wrap_rank throughput and start-up, against cat, sed and Determined's wrap_rank.
+
+Run by hand (never part of the test suite)::
+
+    python benchmarks/bench_wrap_rank.py [--mb 200] [--repeat 3] [--startup-runs 30]
+
+Throughput: a child ``cat``s a file of 100-byte lines into a pipe, a filter
+prefixes each line, and the output goes to /dev/null or through one more
+pipe to ``cat``. Every filter sees the same shape, so the MB/s (input bytes
+per wall second, best of ``--repeat``, start-up included) compare directly:
+
+* ``cat``: ``cat FILE | cat``, the pipe cost with no work at all;
+* ``sed``: ``cat FILE | sed 's/^/[rank=0] /'``;
+* ``ours``: ``python -m wrap_rank 0 -- cat FILE``;
+* ``determined``: ``python -m determined.launch.wrap_rank 0 -- cat FILE``
+  from the peer environment (``benchmarks/peer_env.sh``).
+
+Start-up: median wall time of ``wrap_rank 0 -- true`` against a bare
+``python -c pass`` from the same interpreter, runs interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LINE = b"x" * 99 + b"\n"
+
+
+def peer_python() -> str | None:
+    try:
+        out = subprocess.run(
+            ["bash", str(REPO / "benchmarks" / "peer_env.sh")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"peer environment unavailable: {e}", file=sys.stderr)
+        return None
+    return out.stdout.strip().splitlines()[-1]
+
+
+def make_input(directory: str, mb: int) -> Path:
+    path = Path(directory) / "lines.txt"
+    block = LINE * 10_000  # 1 MB
+    with open(path, "wb") as f:
+        for _ in range(mb):
+            f.write(block)
+    return path
+
+
+def timed(cmd: str, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(["bash", "-c", cmd], check=True, env=env)
+    return time.perf_counter() - start
+
+
+def throughput(path: Path, peer: str | None, repeat: int, env: dict[str, str]) -> dict[str, float]:
+    f = shlex.quote(str(path))
+    py = shlex.quote(sys.executable)
+    filters = {
+        "cat": f"cat {f} | cat",
+        "sed": f"cat {f} | sed 's/^/[rank=0] /'",
+        "ours": f"{py} -m wrap_rank 0 -- cat {f}",
+    }
+    if peer:
+        filters["determined"] = f"{shlex.quote(peer)} -m determined.launch.wrap_rank 0 -- cat {f}"
+    sinks = {"/dev/null": " > /dev/null", "pipe": " | cat > /dev/null"}
+    size_mb = path.stat().st_size / 1e6
+    results: dict[str, float] = {}
+    for sink_name, sink in sinks.items():
+        best = {name: float("inf") for name in filters}
+        for _ in range(repeat):  # interleaved, so noise hits every filter alike
+            for name, cmd in filters.items():
+                best[name] = min(best[name], timed(cmd + sink, env))
+        for name, seconds in best.items():
+            results[f"{name} -> {sink_name}"] = size_mb / seconds
+    return results
+
+
+def startup(peer: str | None, runs: int, env: dict[str, str]) -> dict[str, float]:
+    cmds = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "ours: python -m wrap_rank 0 -- true": [
+            sys.executable,
+            "-m",
+            "wrap_rank",
+            "0",
+            "--",
+            "true",
+        ],
+    }
+    if peer:
+        cmds["peer python -c pass"] = [peer, "-c", "pass"]
+        cmds["determined: python -m determined.launch.wrap_rank 0 -- true"] = [
+            peer,
+            *("-m", "determined.launch.wrap_rank", "0", "--", "true"),
+        ]
+    samples: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(runs):
+        for name, cmd in cmds.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) * 1000 for name, s in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=200, help="input size in MB")
+    parser.add_argument("--repeat", type=int, default=3, help="throughput runs per filter")
+    parser.add_argument("--startup-runs", type=int, default=30)
+    args = parser.parse_args()
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.pop("WRAP_RANK_STATUS_DIR", None)
+    peer = peer_python()
+    print(f"python: {sys.executable} ({sys.version.split()[0]}); peer: {peer}")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_input(tmp, args.mb)
+        print(
+            f"\nthroughput, {args.mb} MB of 100-byte lines, best of {args.repeat} (MB/s of input)"
+        )
+        rates = throughput(path, peer, args.repeat, env)
+    for name, rate in rates.items():
+        print(f"  {name:28s} {rate:8.0f} MB/s")
+    for sink in ("/dev/null", "pipe"):
+        ours = rates[f"ours -> {sink}"]
+        ratios = [
+            f"{ours / rates[f'{peer_name} -> {sink}']:.2f}x {peer_name}"
+            for peer_name in ("cat", "sed", "determined")
+            if f"{peer_name} -> {sink}" in rates
+        ]
+        print(f"  ours -> {sink}: " + ", ".join(ratios))
+
+    print(f"\nstart-up, median of {args.startup_runs} runs (ms)")
+    times = startup(peer, args.startup_runs, env)
+    for name, ms in times.items():
+        print(f"  {name:62s} {ms:7.1f}")
+    bare = times["python -c pass"]
+    ours = times["ours: python -m wrap_rank 0 -- true"]
+    print(f"  ours over bare python: {ours - bare:+.1f} ms (target <= 40)")
+    if peer:
+        det = times["determined: python -m determined.launch.wrap_rank 0 -- true"]
+        det_bare = times["peer python -c pass"]
+        print(
+            f"  determined over its bare python: {det - det_bare:+.1f} ms; "
+            f"ours is {det / ours:.1f}x faster end to end"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

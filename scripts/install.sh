@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything the project, its examples and its tests need, on a
+# fresh Debian machine with Python >= 3.9. Idempotent: re-running is cheap.
+#   bash scripts/install.sh          # package + torch (enough for the main job)
+#   bash scripts/install.sh --dev    # + test tools, deepspeed, horovod, sshd, MPI, SLURM
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+if [ "${1:-}" != "--dev" ]; then
+  # torch is pinned: an unpinned torch pulls several GB of CUDA wheels.
+  "$PY" -m pip install -q -e ".[torch]"
+  exit 0
+fi
+
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  need=()
+  for pkg in openssh-server openmpi-bin pdsh iproute2 slurmctld slurmd slurm-client munge; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+"$PY" -m pip install -q -e ".[dev]"
+for extra in scripts/install_*.sh scripts/build_horovod.sh; do
+  [ -f "$extra" ] && bash "$extra"
+done
+exit 0

@@ -1,0 +1,146 @@
+"""Shared test plumbing: run the package from this checkout in subprocesses,
+pick free ports, and prove that no process outlives its launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+#: Every process a test starts carries this variable (inherited by all
+#: descendants), so leftovers can be found by their environment.
+MARKER = "DET_LAUNCH_TEST_MARKER"
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    # Keep gloo to loopback; keep CPU threads low on a 2-core machine.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for var in ("DET_CLUSTER_INFO_FILE", "C10D_PORT", "DET_DIST_SECRET", "RANK", "WORLD_SIZE"):
+        env.pop(var, None)
+    env.update(extra)
+    return env
+
+
+def free_port_block(n: int = 3) -> int:
+    """A base port such that base..base+n-1 are free right now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s2 = socket.socket()
+                socks.append(s2)
+                s2.bind(("127.0.0.1", p))
+            return int(base)
+        except OSError:
+            continue
+        finally:
+            for s2 in socks:
+                s2.close()
+    raise RuntimeError("no free port block")
+
+
+def write_cluster_info(path: Path, **fields: Any) -> Path:
+    path.write_text(json.dumps(fields))
+    return path
+
+
+def leftover_processes(marker: str) -> list[psutil.Process]:
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARKER) == marker and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return left
+
+
+class Launch:
+    """A launcher subprocess with a unique marker, for leak checks."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
+        self.marker = uuid.uuid4().hex
+        env = dict(env)
+        env[MARKER] = self.marker
+        self.proc = subprocess.Popen(
+            list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.stdout = ""
+        self.stderr = ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.stdout, self.stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.stdout, self.stderr = self.proc.communicate()
+            raise AssertionError(
+                f"launcher did not exit within {timeout}s\nstdout:\n{self.stdout}\n"
+                f"stderr:\n{self.stderr}"
+            ) from None
+        return self.proc.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def leftovers(self, settle: float = 2.0) -> list[psutil.Process]:
+        deadline = time.monotonic() + settle
+        left = leftover_processes(self.marker)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = leftover_processes(self.marker)
+        return left
+
+    def kill_leftovers(self) -> None:
+        for p in leftover_processes(self.marker):
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def launches() -> Iterator[list[Launch]]:
+    """Collects launchers; anything left after the test is killed (and the
+    test that leaked it has already failed on its own leak assertion)."""
+    started: list[Launch] = []
+    yield started
+    for launch in started:
+        if launch.proc.poll() is None:
+            launch.proc.kill()
+            launch.proc.wait()
+        launch.kill_leftovers()
+
+
+def launcher_cmd(*args: str, module: str = "determined_launch.torch_distributed") -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def wait_for_file(path: Path, timeout: float, what: Optional[str] = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what or path} did not appear within {timeout}s")
+        time.sleep(0.05)
