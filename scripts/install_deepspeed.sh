@@ -24,6 +24,12 @@ if ! "$PYTHON" -c 'import deepspeed, sys; sys.exit(deepspeed.__version__ != "0.1
     "$PYTHON" -m pip install --quiet "deepspeed==0.19.8" "torch==2.13.0"
 fi
 
+# torch's JIT build guards its directory with a "lock" file and waits
+# forever while it exists; a build that was killed leaves it behind. Ours
+# is the only build at install time, so a lock older than 5 minutes is stale.
+find "$TORCH_EXTENSIONS_DIR" -maxdepth 2 -name lock -mmin +5 -print -delete 2>/dev/null \
+    | sed 's/^/install_deepspeed: removed stale /' || true
+
 start=$(date +%s)
 "$PYTHON" - <<'PY'
 from deepspeed.accelerator import get_accelerator
