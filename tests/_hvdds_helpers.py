@@ -117,7 +117,8 @@ def node_launches(
     return launches
 
 
-_LINE = re.compile(r"^\[rank=(\d+)\] world=(\d+) rank=(\d+) (.*)$", re.M)
+#: A worker's report line; pdsh puts "host: " in front of remote output.
+_LINE = re.compile(r"^(?:\S+: )?\[rank=(\d+)\] world=(\d+) rank=(\d+) (.*)$", re.M)
 
 
 def rank_lines(out: str) -> dict[int, dict[str, str]]:
