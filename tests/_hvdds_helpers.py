@@ -117,8 +117,11 @@ def node_launches(
     return launches
 
 
-#: A worker's report line; pdsh puts "host: " in front of remote output.
-_LINE = re.compile(r"^(?:\S+: )?\[rank=(\d+)\] world=(\d+) rank=(\d+) (.*)$", re.M)
+#: A worker's report line. pdsh puts "host: " in front of remote output,
+#: horovodrun "[i]<stdout>:".
+_LINE = re.compile(
+    r"^(?:\S+: |\[\d+\]<stdout>:)?\[rank=(\d+)\] world=(\d+) rank=(\d+) (.*)$", re.M
+)
 
 
 def rank_lines(out: str) -> dict[int, dict[str, str]]:

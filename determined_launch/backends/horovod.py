@@ -39,10 +39,12 @@ from determined_launch.errors import LaunchError
 #: Where Horovod (or the MPI under it) puts a worker's rank.
 RANK_VARS = "HOROVOD_RANK,OMPI_COMM_WORLD_RANK,PMI_RANK"
 
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+
 #: horovodrun flags the ssh-free mode understands, as the variables
 #: horovodrun itself would set from them (horovod/runner/common/util/config_parser.py).
 _FLAG_ENV = {
-    "--gloo-timeout-seconds": "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    "--gloo-timeout-seconds": GLOO_TIMEOUT_ENV,
     "--network-interface": "HOROVOD_GLOO_IFACE",
     "--network-interfaces": "HOROVOD_GLOO_IFACE",
     "--cycle-time-ms": "HOROVOD_CYCLE_TIME",
@@ -173,6 +175,7 @@ def _horovodrun_plan(
     extra_files: tuple[FileToWrite, ...] = (),
     extra_env: Optional[Mapping[str, str]] = None,
     wait_ssh: Sequence[str] = (),
+    ssh_port: Optional[int] = None,
 ) -> LaunchPlan:
     """horovodrun on this node; its environment (which horovodrun copies
     onto every worker's command line) has no secret and no local paths."""
@@ -181,12 +184,18 @@ def _horovodrun_plan(
     env[ssh.NODE_ENV_FILE] = ssh.SshLayout(runtime.job_dir).node_env
     env.update(extra_env or {})
     total = sum(n for _, n in hosts)
+    timeout = f"{ssh.connect_timeout(facts.environ):g}"
     argv = [
         *_horovodrun(runtime, facts),
         "-np",
         str(total),
         "-H",
         ",".join(f"{h}:{n}" for h, n in hosts),
+        *(["-p", str(ssh_port)] if ssh_port else []),
+        "--start-timeout",
+        timeout,
+        "--gloo-timeout-seconds",
+        facts.environ.get(GLOO_TIMEOUT_ENV, timeout),
         *opts.horovodrun_args,
         *_worker_argv(runtime, args.script),
     ]
@@ -199,7 +208,9 @@ def _horovodrun_plan(
         processes=(ProcessSpec(argv=tuple(argv), name="horovodrun"),),
         env=env,
         files=(ssh.node_env_file(runtime, full), *extra_files),
-        unset_env=(envvars.DIST_SECRET,),
+        # As Determined does: with SLURM_JOBID set, OpenMPI (if horovodrun
+        # picks MPI) ignores -H and starts every rank on this node.
+        unset_env=(envvars.DIST_SECRET, "SLURM_JOBID"),
         name="horovod",
     )
 
@@ -235,6 +246,7 @@ def _ssh_plan(
         extra_files=ssh.client_files(info, runtime, facts, port),
         extra_env={"PATH": ssh.client_path(runtime, facts.environ)},
         wait_ssh=list(dict.fromkeys(peers)),
+        ssh_port=port,
     )
 
 
