@@ -43,6 +43,15 @@ def test_single_node_runs_horovodrun_with_gloo_when_mpi_is_absent() -> None:
     assert node_env.mode == 0o600
 
 
+def test_horovodrun_gets_determineds_timeouts_and_no_slurm_jobid() -> None:
+    plan = plan_for(make_info(["127.0.0.1"], [2]), environ={"DET_LAUNCH_CONNECT_TIMEOUT": "50"})
+    argv = list(plan.processes[0].argv)
+    assert argv[argv.index("--start-timeout") + 1] == "50"
+    assert argv[argv.index("--gloo-timeout-seconds") + 1] == "50"
+    assert "-p" not in argv  # no ssh on one node
+    assert "SLURM_JOBID" in plan.unset_env
+
+
 def test_single_node_leaves_the_controller_to_horovodrun_when_mpirun_exists() -> None:
     plan = plan_for(make_info(["127.0.0.1"], [2]), mpirun=True)
     assert "--gloo" not in plan.processes[0].argv
@@ -81,6 +90,8 @@ def test_ssh_chief_waits_for_every_peer_sshd_then_runs_horovodrun() -> None:
     assert waits == ["10.0.0.2:2222", "10.0.0.3:2222"]
     hvd = argv[gate_end + 1 :]
     assert hvd[:3] == ["/py/bin/python", "-m", "horovod.runner.launch"]
+    assert hvd[hvd.index("-p") + 1] == "2222"
+    assert argv[argv.index("--timeout") + 1] == "300"
     assert hvd[hvd.index("-np") + 1] == "5"
     assert hvd[hvd.index("-H") + 1] == "10.0.0.1:2,10.0.0.2:2,10.0.0.3:1"
     # The wrapper dir comes first on PATH, so horovodrun's ssh is ours.
