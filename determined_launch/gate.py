@@ -51,13 +51,27 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 
 def probe(host: str, port: int, ssh: bool, timeout: float = 2.0) -> bool:
-    """One attempt: can we connect (and does an sshd greet us)?"""
+    """One attempt: can we connect (and does an sshd greet us)?
+
+    For sshd, read its whole greeting and answer with ours before closing:
+    a client that hangs up earlier makes sshd log an error
+    ("kex_exchange_identification: ...") on the other node.
+    """
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             if not ssh:
                 return True
             s.settimeout(timeout)
-            return s.recv(4).startswith(b"SSH-")
+            greeting = b""
+            while not greeting.endswith(b"\n") and len(greeting) < 256:
+                chunk = s.recv(256)
+                if not chunk:
+                    break
+                greeting += chunk
+            if not greeting.startswith(b"SSH-"):
+                return False
+            s.sendall(b"SSH-2.0-det-launch-probe\r\n")
+            return True
     except OSError:
         return False
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,20 +17,12 @@ import pytest
 from determined_launch.backends import ssh
 from determined_launch.backends.plan import FileToWrite
 from determined_launch.supervise import write_private_file
-from tests._hvdds_helpers import (
-    SECRET,
-    free_port,
-    have_cmd,
-    kill_tree,
-    launcher_env,
-    make_facts,
-    make_info,
-    make_runtime,
-)
+from tests._hvdds_helpers import SECRET, make_facts, make_info, make_runtime, real_env
+from tests.conftest import free_port_block
 
 
 def test_derived_keys_are_valid_openssh_keys(tmp_path: Path) -> None:
-    if not have_cmd("ssh-keygen"):
+    if not shutil.which("ssh-keygen"):
         pytest.skip("ssh-keygen (openssh-client) is not installed")
     key = ssh.derive_key(SECRET, "client")
     path = tmp_path / "k"
@@ -67,17 +61,17 @@ def run_gate(
 
 
 def test_gate_times_out_with_the_endpoint_named(tmp_path: Path) -> None:
-    port = free_port()  # nothing listens there
+    port = free_port_block(1)  # nothing listens there
     r = run_gate(
         ["--wait-ssh", f"127.0.0.1:{port}", "--timeout", "0.5", "--", "true"],
-        launcher_env(tmp_path),
+        real_env(tmp_path / "tmp"),
     )
     assert r.returncode == 1
     assert f"sshd at 127.0.0.1:{port} did not answer within 0.5s" in r.stderr
 
 
 def test_gate_waits_for_a_late_listener_then_execs(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port_block(1)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -92,7 +86,7 @@ def test_gate_waits_for_a_late_listener_then_execs(tmp_path: Path) -> None:
             "-c",
             "import os; print(os.getpid())",
         ],
-        env=launcher_env(tmp_path),
+        env=real_env(tmp_path / "tmp"),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -113,7 +107,7 @@ def test_gate_node_env_prefers_what_sshd_set(tmp_path: Path) -> None:
     chief.write_text(json.dumps({"DET_LAUNCH_JOB_DIR": "/chief"}))
     peer.write_text(json.dumps({"DET_LAUNCH_JOB_DIR": "/peer", "DET_DIST_SECRET": SECRET}))
     show = ["--", sys.executable, "-c", "import os; print(os.environ['DET_LAUNCH_JOB_DIR'])"]
-    env = launcher_env(tmp_path, DET_LAUNCH_NODE_ENV_FILE=str(chief), DET_LAUNCH_JOB_DIR="/x")
+    env = real_env(tmp_path / "tmp", DET_LAUNCH_NODE_ENV_FILE=str(chief), DET_LAUNCH_JOB_DIR="/x")
     assert run_gate(["--node-env", *show], env).stdout.strip() == "/chief"
     env["DET_LAUNCH_SSHD_NODE_ENV"] = str(peer)
     assert run_gate(["--node-env", *show], env).stdout.strip() == "/peer"
@@ -144,7 +138,7 @@ def test_real_sshd_accepts_only_the_job_key_and_sets_the_node_env(tmp_path: Path
     facts = ssh.HostFacts.current()
     if not (facts.sshd and facts.ssh):
         pytest.skip("OpenSSH server or client is not installed")
-    port = free_port()
+    port = free_port_block(1)
     peer_dir, chief_dir = tmp_path / "peer", tmp_path / "chief"
     peer_dir.mkdir(mode=0o700)
     chief_dir.mkdir(mode=0o700)
@@ -157,7 +151,7 @@ def test_real_sshd_accepts_only_the_job_key_and_sets_the_node_env(tmp_path: Path
     write_files((ssh.node_env_file(peer_rt, {"DET_LAUNCH_JOB_DIR": str(peer_dir)}),))
     write_files(ssh.client_files(chief_info, chief_rt, facts, port))
     spec = ssh.sshd_process(peer_info, peer_rt, facts, port)
-    env = launcher_env(tmp_path)
+    env = real_env(tmp_path / "tmp")
     sshd = subprocess.Popen(
         list(spec.argv), env=env, start_new_session=True, stderr=subprocess.PIPE, text=True
     )
@@ -192,8 +186,10 @@ def test_real_sshd_accepts_only_the_job_key_and_sets_the_node_env(tmp_path: Path
         assert denied.returncode == 255
         assert "Permission denied" in denied.stderr
     finally:
-        kill_tree(sshd.pid)
-        sshd.communicate()
+        os.killpg(sshd.pid, signal.SIGTERM)
+        _, sshd_log = sshd.communicate(timeout=30)
+    # The gate's readiness probe completes the greeting, so sshd logs no error.
+    assert "kex_exchange_identification" not in sshd_log, sshd_log
 
 
 def test_sshd_listens_only_on_the_nodes_address(tmp_path: Path) -> None:
