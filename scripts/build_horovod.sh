@@ -42,6 +42,20 @@ mkdir -p "$WHEEL_DIR"
 
 wheel=$(ls "$WHEEL_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$wheel" ]; then
+    # A C++17 compiler, make and cmake; on Debian as root, install them.
+    missing=()
+    command -v c++ >/dev/null || missing+=(g++)
+    command -v make >/dev/null || missing+=(make)
+    command -v cmake >/dev/null || missing+=(cmake)
+    if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "build_horovod: apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    command -v c++ >/dev/null && command -v make >/dev/null || {
+        echo "build_horovod: needs a C++ compiler (g++) and make" >&2
+        exit 1
+    }
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     echo "build_horovod: downloading horovod==$HOROVOD_VERSION sdist"

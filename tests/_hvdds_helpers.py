@@ -66,6 +66,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DET_LAUNCH_CACHE", default))
 
 
+def extensions_dir() -> Path:
+    """Where DeepSpeed's JIT op is cached (scripts/install_deepspeed.sh builds it there)."""
+    default = cache_dir() / "torch_extensions"
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", default))
+
+
 def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
@@ -80,7 +86,7 @@ def real_env(tmp: Path, **extra: str) -> dict[str, str]:
         DET_KILL_AFTER="3",
         TMPDIR=str(tmp),
     )
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     for var in [v for v in env if v.startswith(("HOROVOD_", "DTRAIN_", "DET_LAUNCH_SSH"))]:
         del env[var]
     env.update(extra)
@@ -119,9 +125,7 @@ def node_launches(
 
 #: A worker's report line. pdsh puts "host: " in front of remote output,
 #: horovodrun "[i]<stdout>:".
-_LINE = re.compile(
-    r"^(?:\S+: |\[\d+\]<stdout>:)?\[rank=(\d+)\] world=(\d+) rank=(\d+) (.*)$", re.M
-)
+_LINE = re.compile(r"^(?:\S+: |\[\d+\]<stdout>:)?\[rank=(\d+)\] world=(\d+) rank=(\d+) (.*)$", re.M)
 
 
 def rank_lines(out: str) -> dict[int, dict[str, str]]:

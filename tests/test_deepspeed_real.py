@@ -19,6 +19,7 @@ from determined_launch.backends.ssh import HostFacts
 from tests._hvdds_helpers import (
     REPO,
     Launch,
+    extensions_dir,
     installed,
     node_launches,
     rank_lines,
@@ -37,6 +38,14 @@ pytestmark = [
 MODULE = "determined_launch.deepspeed"
 HAVE_DCTX = (REPO / "determined_launch" / "core" / "distributed.py").exists()
 PROBE = "two words 'quoted' \"double\" $HOME `tick` back\\slash;"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_stale_jit_lock() -> None:
+    """A killed JIT build leaves a lock that makes init_distributed wait forever."""
+    lock = extensions_dir() / "deepspeed_shm_comm" / "lock"
+    if lock.exists():
+        pytest.fail(f"stale torch JIT lock {lock}: remove it or run scripts/install_deepspeed.sh")
 
 
 def check_ranks(out: str, ranks: range, world: int, **expect: str) -> dict[int, dict[str, str]]:
