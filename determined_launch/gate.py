@@ -18,7 +18,8 @@ supervisor sees the command itself):
   that holds ADDR (unless the user set it), which Horovod's gloo needs to
   listen on the right network.
 
-Standard library and psutil only: it runs before every worker.
+It runs before every worker, so it imports little: the standard library,
+envvars, and psutil only for ``--gloo-iface-for``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
-SSHD_NODE_ENV = "DET_LAUNCH_SSHD_NODE_ENV"
-NODE_ENV_FILE = "DET_LAUNCH_NODE_ENV_FILE"
+from determined_launch import envvars
+
+SSHD_NODE_ENV = envvars.SSHD_NODE_ENV
+NODE_ENV_FILE = envvars.NODE_ENV_FILE
 GLOO_IFACE = "HOROVOD_GLOO_IFACE"
 EXIT_GATE_FAILED = 1
 

@@ -46,18 +46,13 @@ from determined_launch.backends.plan import FileToWrite, JobRuntime, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
 
-#: Port of the job's sshd on every node (Determined's name and default).
-SSH_PORT_ENV = "DTRAIN_SSH_PORT"
-DEFAULT_SSH_PORT = 12350
-#: "1" selects the ssh mode for multi-node jobs, "0" the ssh-free mode.
-SSH_MODE_ENV = "DET_LAUNCH_SSH"
-#: How long the chief waits for the other nodes (shared with the supervisor).
-CONNECT_TIMEOUT_ENV = "DET_LAUNCH_CONNECT_TIMEOUT"
+SSH_PORT_ENV = envvars.SSH_PORT
+DEFAULT_SSH_PORT = 12350  # Determined's
+SSH_MODE_ENV = envvars.SSH_MODE
+CONNECT_TIMEOUT_ENV = envvars.CONNECT_TIMEOUT
 DEFAULT_CONNECT_TIMEOUT = 300.0
-#: Set by a node's sshd (``SetEnv``) in every session it starts.
-SSHD_NODE_ENV = "DET_LAUNCH_SSHD_NODE_ENV"
-#: Set by the launcher for workers it starts itself (never via sshd).
-NODE_ENV_FILE = "DET_LAUNCH_NODE_ENV_FILE"
+SSHD_NODE_ENV = envvars.SSHD_NODE_ENV
+NODE_ENV_FILE = envvars.NODE_ENV_FILE
 
 #: Worker variables whose values differ between nodes (paths in the job
 #: directory) or must stay off command lines: the gate restores them.
