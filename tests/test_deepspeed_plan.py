@@ -114,6 +114,20 @@ def test_values_with_newlines_are_dropped_with_a_warning(caplog: pytest.LogCaptu
     assert content == "OK=1\n"
     assert "MULTI" in caplog.text and "newline" in caplog.text
     assert "PADDED" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="determined_launch.deepspeed"):
+        assert deepspeed.env_file_content({"MULTI": "a\nb"}, warn=False) == ""
+    assert caplog.text == ""  # the file is unused without ssh: no noise
+
+
+def test_only_the_ssh_mode_warns_about_dropped_values(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"MULTI": "a\nb"}
+    with caplog.at_level(logging.WARNING, logger="determined_launch.deepspeed"):
+        plan_for(make_info(["10.0.0.1", "10.0.0.2"], [1, 1]), environ=env)
+        plan_for(make_info(["127.0.0.1"], [1]), environ=env)
+        assert caplog.text == ""
+        plan_for(make_info(["10.0.0.1", "10.0.0.2"], [1, 1]), ["--ssh"], environ=env)
+    assert "MULTI" in caplog.text
 
 
 @pytest.mark.parametrize(

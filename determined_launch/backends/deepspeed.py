@@ -135,29 +135,31 @@ def quote_value(value: str) -> str:
     return re.sub(r'([\\"$`])', r"\\\1", value)
 
 
-def env_file_content(environ: Mapping[str, str]) -> str:
+def _unreadable_by_deepspeed(value: str) -> Optional[str]:
+    if "\n" in value or "\r" in value:
+        return "its value has a newline"
+    if value != value.strip():
+        return "DeepSpeed would strip the blanks around its value"
+    return None
+
+
+def env_file_content(environ: Mapping[str, str], warn: bool = True) -> str:
     """``KEY=VALUE`` lines for every exportable variable.
 
     Lines are what DeepSpeed can read back exactly: a value with a newline
     (one line per variable) or with leading or trailing blanks (DeepSpeed
-    strips them) is dropped, with a warning.
+    strips them) is dropped, with a warning when ``warn`` (the file is only
+    read in the ssh mode, so only then is a dropped value worth a word).
     """
     lines = []
     for name in sorted(environ):
         if not is_exportable(name):
             continue
         value = environ[name]
-        if "\n" in value or "\r" in value:
-            logger.warning(
-                "det-launch: not exporting %s to other nodes: its value has a newline", name
-            )
-            continue
-        if value != value.strip():
-            logger.warning(
-                "det-launch: not exporting %s to other nodes: DeepSpeed would strip the blanks "
-                "around its value",
-                name,
-            )
+        problem = _unreadable_by_deepspeed(value)
+        if problem:
+            if warn:
+                logger.warning("det-launch: not exporting %s to other nodes: %s", name, problem)
             continue
         lines.append(f"{name}={quote_value(value)}\n")
     return "".join(lines)
@@ -208,7 +210,9 @@ def build_plan(
     exported = {**facts.environ, **env}
     files = [
         FileToWrite(hostfile, hostfile_content(info)),
-        FileToWrite(env_file, env_file_content(exported)),
+        FileToWrite(
+            env_file, env_file_content(exported, warn=opts.use_ssh and not info.single_node)
+        ),
     ]
     common = [
         "--hostfile",
