@@ -192,6 +192,14 @@ def test_real_sshd_accepts_only_the_job_key_and_sets_the_node_env(tmp_path: Path
     assert "kex_exchange_identification" not in sshd_log, sshd_log
 
 
+def test_known_hosts_names_every_node_as_ssh_looks_it_up() -> None:
+    info = make_info(["10.0.0.1", "10.0.0.2", "10.0.0.1"], [1, 1, 1])
+    for port, names in ((2222, "[10.0.0.1]:2222,[10.0.0.2]:2222"), (22, "10.0.0.1,10.0.0.2")):
+        files = ssh.client_files(info, make_runtime(), make_facts(), port)
+        known = next(f for f in files if f.path.endswith("ssh_known_hosts")).content
+        assert known == f"{names} {ssh.derive_key(SECRET, 'host').public_key}\n"
+
+
 def test_sshd_listens_only_on_the_nodes_address(tmp_path: Path) -> None:
     from determined_launch.sshd import listen_address
 

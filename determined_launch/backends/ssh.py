@@ -420,7 +420,10 @@ def client_files(
     layout = SshLayout(runtime.job_dir)
     client = derive_key(runtime.secret, "client")
     host = derive_key(runtime.secret, "host")
-    patterns = ",".join(f"[{a}]:{port}" for a in dict.fromkeys(info.container_addrs))
+    # known_hosts names hosts on port 22 bare, on other ports as "[host]:port".
+    patterns = ",".join(
+        a if port == 22 else f"[{a}]:{port}" for a in dict.fromkeys(info.container_addrs)
+    )
     config = f"""\
 # ssh client settings for one det-launch job (generated).
 Host *
