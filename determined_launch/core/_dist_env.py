@@ -1,0 +1,295 @@
+"""Reading a ``DistributedContext``'s configuration from the environment.
+
+Rank layout comes from whichever launcher started the process (torchrun,
+DeepSpeed, Horovod, OpenMPI, an MPICH-style PMI, SLURM); transport settings
+(port, secret, timeout, ipc directory) from ``DET_DIST_*`` variables that our
+launchers set. Pure functions of a mapping, so every branch has a unit test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import stat
+from collections.abc import Mapping
+from typing import Callable, Optional
+
+from determined_launch import envvars
+from determined_launch.core._dist_chan import TRANSPORTS
+from determined_launch.core._dist_errors import DistributedConfigError
+
+logger = logging.getLogger("determined_launch.core.distributed")
+
+#: Chief port when nothing else says: torchrun's default master port + 2,
+#: the same offset our launchers use (master, control channel, dist).
+DEFAULT_PORT = 29502
+MIN_SECRET_CHARS = 16
+#: "direct" (default) or "zmq". Not in envvars.py: no launcher sets it.
+TRANSPORT_VAR = "DET_DIST_TRANSPORT"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    #: Which launcher's variables these came from, for messages.
+    source: str
+    chief_ip: Optional[str] = None
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = env.get(name)
+    if value is None:
+        raise DistributedConfigError(f"environment variable {name} is not set")
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise DistributedConfigError(f"{name}={value!r} is not an integer") from None
+
+
+def _chief(env: Mapping[str, str], *fallbacks: str) -> Optional[str]:
+    for name in (envvars.CHIEF_IP, *fallbacks):
+        if env.get(name):
+            return env[name]
+    return None
+
+
+def _block_layout(rank: int, size: int, local_rank: int, local_size: int, source: str) -> Layout:
+    """Node index from rank for launchers that do not export it: valid when
+    nodes hold equal, contiguous blocks of ranks (MPI's default mapping)."""
+    if local_size <= 0 or size % local_size:
+        raise DistributedConfigError(
+            f"{source}: cannot derive the node layout (size {size} is not a multiple of "
+            f"local size {local_size}); construct DistributedContext(...) with explicit "
+            "cross_rank and cross_size"
+        )
+    cross_rank, cross_size = rank // local_size, size // local_size
+    return Layout(rank, size, local_rank, local_size, cross_rank, cross_size, source)
+
+
+def read_torchrun(env: Mapping[str, str]) -> Optional[Layout]:
+    if "LOCAL_WORLD_SIZE" not in env or "RANK" not in env:
+        return None
+    rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    local_rank, local_size = _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE")
+    if "GROUP_RANK" in env and "GROUP_WORLD_SIZE" in env:
+        layout = Layout(
+            rank,
+            size,
+            local_rank,
+            local_size,
+            _int(env, "GROUP_RANK"),
+            _int(env, "GROUP_WORLD_SIZE"),
+            "torchrun",
+        )
+    else:
+        layout = _block_layout(rank, size, local_rank, local_size, "torchrun")
+    return dataclasses.replace(layout, chief_ip=_chief(env, "MASTER_ADDR"))
+
+
+def read_deepspeed(env: Mapping[str, str]) -> Optional[Layout]:
+    if "CROSS_RANK" not in env or "RANK" not in env:
+        return None
+    return Layout(
+        _int(env, "RANK"),
+        _int(env, "WORLD_SIZE"),
+        _int(env, "LOCAL_RANK"),
+        _int(env, "LOCAL_SIZE"),
+        _int(env, "CROSS_RANK"),
+        _int(env, "CROSS_SIZE"),
+        "deepspeed",
+        _chief(env, "MASTER_ADDR"),
+    )
+
+
+def read_horovod(env: Mapping[str, str]) -> Optional[Layout]:
+    if "HOROVOD_RANK" not in env:
+        return None
+    return Layout(
+        _int(env, "HOROVOD_RANK"),
+        _int(env, "HOROVOD_SIZE"),
+        _int(env, "HOROVOD_LOCAL_RANK"),
+        _int(env, "HOROVOD_LOCAL_SIZE"),
+        _int(env, "HOROVOD_CROSS_RANK"),
+        _int(env, "HOROVOD_CROSS_SIZE"),
+        "horovod",
+        _chief(env),
+    )
+
+
+def read_openmpi(env: Mapping[str, str]) -> Optional[Layout]:
+    if "OMPI_COMM_WORLD_RANK" not in env:
+        return None
+    layout = _block_layout(
+        _int(env, "OMPI_COMM_WORLD_RANK"),
+        _int(env, "OMPI_COMM_WORLD_SIZE"),
+        _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+        _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        "openmpi",
+    )
+    return dataclasses.replace(layout, chief_ip=_chief(env, "MASTER_ADDR"))
+
+
+def read_pmi(env: Mapping[str, str]) -> Optional[Layout]:
+    if "PMI_RANK" not in env:
+        return None
+    layout = _block_layout(
+        _int(env, "PMI_RANK"),
+        _int(env, "PMI_SIZE"),
+        _int(env, "MPI_LOCALRANKID"),
+        _int(env, "MPI_LOCALNRANKS"),
+        "pmi",
+    )
+    return dataclasses.replace(layout, chief_ip=_chief(env, "MASTER_ADDR"))
+
+
+def read_slurm(env: Mapping[str, str]) -> Optional[Layout]:
+    if "SLURM_PROCID" not in env:
+        return None
+    node = _int(env, "SLURM_NODEID")
+    tasks_var = "SLURM_STEP_TASKS_PER_NODE" if "SLURM_STEP_TASKS_PER_NODE" in env else (
+        "SLURM_TASKS_PER_NODE"
+    )
+    per_node = expand_tasks_per_node(env.get(tasks_var, ""))
+    if node >= len(per_node):
+        raise DistributedConfigError(
+            f"{tasks_var}={env.get(tasks_var, '')!r} does not cover SLURM_NODEID={node}"
+        )
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    size_var = "SLURM_NTASKS" if "SLURM_NTASKS" in env else "SLURM_NPROCS"
+    return Layout(
+        _int(env, "SLURM_PROCID"),
+        _int(env, size_var),
+        _int(env, "SLURM_LOCALID"),
+        per_node[node],
+        node,
+        len(per_node),
+        "slurm",
+        _chief(env, "MASTER_ADDR") or first_host(nodelist),
+    )
+
+
+def expand_tasks_per_node(value: str) -> list[int]:
+    """SLURM's compressed task counts: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
+    out: list[int] = []
+    for item in filter(None, value.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not m:
+            raise DistributedConfigError(f"cannot parse SLURM task counts {value!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def first_host(nodelist: str) -> Optional[str]:
+    """The first host of a SLURM hostlist: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
+    m = re.match(r"([^,\[]+)(?:\[(\d+)[^\]]*\])?", nodelist.strip())
+    if not m:
+        return None
+    return m.group(1) + (m.group(2) or "")
+
+
+#: In order: a torchrun or DeepSpeed worker also sees its allocation's SLURM
+#: or MPI variables (which describe the launcher, not the worker).
+READERS: tuple[Callable[[Mapping[str, str]], Optional[Layout]], ...] = (
+    read_torchrun,
+    read_deepspeed,
+    read_horovod,
+    read_openmpi,
+    read_pmi,
+    read_slurm,
+)
+
+
+def detect(env: Mapping[str, str]) -> Optional[Layout]:
+    for reader in READERS:
+        layout = reader(env)
+        if layout is not None:
+            return layout
+    return None
+
+
+# ------------------------------------------------------------ transport knobs
+def resolve_port(port: Optional[int], env: Mapping[str, str]) -> int:
+    if port is None:
+        if env.get(envvars.DIST_PORT):
+            port, where = _int(env, envvars.DIST_PORT), envvars.DIST_PORT
+        elif env.get("MASTER_PORT"):
+            port, where = _int(env, "MASTER_PORT") + 2, "MASTER_PORT + 2"
+        else:
+            port, where = DEFAULT_PORT, "the default"
+    else:
+        where = "port="
+    if not 1 <= port <= 65535:
+        raise DistributedConfigError(f"DistributedContext port {port} (from {where}) is invalid")
+    return port
+
+
+def resolve_secret(secret: Optional[str], env: Mapping[str, str]) -> Optional[str]:
+    value = secret if secret is not None else env.get(envvars.DIST_SECRET)
+    if not value:
+        return None
+    if len(value) < MIN_SECRET_CHARS:
+        where = "secret=" if secret is not None else envvars.DIST_SECRET
+        raise DistributedConfigError(
+            f"DistributedContext secret from {where} is too short ({len(value)} characters; "
+            f"use at least {MIN_SECRET_CHARS}, for example the output of "
+            "`python -c 'import secrets; print(secrets.token_hex(16))'`)"
+        )
+    return value
+
+
+def resolve_timeout(timeout: Optional[float], env: Mapping[str, str]) -> Optional[float]:
+    if timeout is None:
+        raw = env.get(envvars.DIST_TIMEOUT, "").strip()
+        if not raw:
+            return None
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise DistributedConfigError(
+                f"{envvars.DIST_TIMEOUT}={raw!r} is not a number of seconds"
+            ) from None
+    if timeout <= 0:
+        raise DistributedConfigError(f"DistributedContext timeout {timeout} must be positive")
+    return timeout
+
+
+def private_dir(path: Optional[str]) -> Optional[str]:
+    """``path`` if it is a directory only this user can use (0700), else None.
+
+    An ipc socket's file permissions are what keeps other local users away
+    from it, so a directory that is missing or shared is not used (loopback
+    TCP, still authenticated, is used instead).
+    """
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        logger.warning("%s=%s does not exist; using loopback TCP", envvars.DIST_IPC_DIR, path)
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        logger.warning(
+            "%s=%s is not a private (0700) directory of this user; using loopback TCP",
+            envvars.DIST_IPC_DIR,
+            path,
+        )
+        return None
+    return path
+
+
+def resolve_transport(transport: Optional[str], env: Mapping[str, str]) -> str:
+    value = transport or env.get(TRANSPORT_VAR) or TRANSPORTS[0]
+    if value not in TRANSPORTS:
+        where = "transport=" if transport else TRANSPORT_VAR
+        raise DistributedConfigError(
+            f"DistributedContext transport {value!r} (from {where}) is not one of "
+            + ", ".join(TRANSPORTS)
+        )
+    return value
