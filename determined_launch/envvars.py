@@ -31,3 +31,11 @@ PREEMPT_ACK_FILE = "DET_PREEMPT_ACK_FILE"  # a worker creates it to acknowledge
 # supervisor learns which rank failed first and how. Standard-library side:
 # wrap_rank/__init__.py spells the same name.
 WRAP_RANK_STATUS_DIR = "WRAP_RANK_STATUS_DIR"
+
+# --- multi-node modes of the Horovod and DeepSpeed launchers -----------------
+SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)
+SSH_PORT = "DTRAIN_SSH_PORT"  # the job's sshd port on every node (Determined's name)
+CONNECT_TIMEOUT = "DET_LAUNCH_CONNECT_TIMEOUT"  # seconds nodes wait for each other
+# node-env.json of the node (gate.py loads it before a worker starts):
+SSHD_NODE_ENV = "DET_LAUNCH_SSHD_NODE_ENV"  # set by the job's sshd in its sessions
+NODE_ENV_FILE = "DET_LAUNCH_NODE_ENV_FILE"  # set by the launcher for its own workers

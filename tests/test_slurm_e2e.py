@@ -232,8 +232,9 @@ def test_requeue_after_acknowledged_preemption(cluster: SlurmCluster, tmp_path: 
         assert "Restarts=1" in shown, shown + cluster.logs()
         out = (tmp_path / f"out-{job_id}.txt").read_text()
         assert f"det-launch: requeued SLURM job {job_id}" in out, out
-        # Requeueing ends the batch script itself, so the launcher's own
-        # summary is the record of the step's status.
-        assert out.count("job preempted after the workers acknowledged; resumable") == 2, out
+        # Requeueing ends the batch script and the step at once, so the chief's
+        # summary (printed before it requeues) is the record of the status;
+        # node 1's may or may not make it out first.
+        assert "job preempted after the workers acknowledged; resumable" in out, out
     finally:
         cluster.run(["scancel", job_id])
