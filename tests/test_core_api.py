@@ -11,7 +11,6 @@ import sys
 import textwrap
 from typing import Any
 
-import numpy
 import pytest
 
 from determined_launch import ClusterInfo, core
@@ -51,9 +50,19 @@ def solo() -> core.DistributedContext:
 # --- train -------------------------------------------------------------------
 
 
+class Scalar:
+    """Duck-types a numpy or torch scalar (``.item()``), without either."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def item(self) -> float:
+        return self.value
+
+
 def test_metrics_are_json_lines_in_the_run_dir(tmp_path: pathlib.Path) -> None:
     with make_context(tmp_path, solo()) as ctx:
-        ctx.train.report_training_metrics(steps_completed=10, metrics={"x": numpy.float32(1.5)})
+        ctx.train.report_training_metrics(steps_completed=10, metrics={"x": Scalar(1.5)})
         ctx.train.report_training_metrics(10, {"loss": float("nan")}, batch_metrics=[{"a": 1}])
         ctx.train.report_validation_metrics(steps_completed=10, metrics={"val": 3})
         ctx.train.report_metrics("custom-group", 11, {"y": 2})
