@@ -23,6 +23,10 @@ DIST_PORT = "DET_DIST_PORT"  # chief's TCP port for cross-node traffic
 DIST_IPC_DIR = "DET_DIST_IPC_DIR"  # private directory for node-local ipc:// sockets
 DIST_TIMEOUT = "DET_DIST_TIMEOUT"  # seconds; overall timeout for one collective
 
+# Local Core API (core.init): where metrics and checkpoints go.
+RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)
+CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # shared checkpoint directory
+
 # Preemption plumbing between a node's launcher and its workers.
 PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested
 PREEMPT_ACK_FILE = "DET_PREEMPT_ACK_FILE"  # a worker creates it to acknowledge

@@ -510,8 +510,11 @@ class Supervisor:
             self.chief_link.broadcast({"type": "preempt"})
 
     def _on_local_success(self) -> None:
+        # Workers that acknowledged a preemption stopped so they can resume,
+        # whether the request came through us or from Python
+        # (``PreemptContext.request_preemption``).
         status = EXIT_OK
-        if self.phase == Phase.PREEMPTING and os.path.exists(self.runtime.preempt_ack_file):
+        if os.path.exists(self.runtime.preempt_ack_file):
             status = EXIT_PREEMPTED
         if self.link is None:
             self._finish(status)

@@ -7,6 +7,7 @@ import os
 import pathlib
 from typing import Any, Optional
 
+from determined_launch import envvars
 from determined_launch.cluster import ClusterInfo, get_cluster_info
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir
@@ -19,9 +20,9 @@ from determined_launch.errors import LaunchError
 logger = logging.getLogger("determined_launch.core")
 
 #: Directory for this run's metrics and latest-checkpoint pointer.
-RUN_DIR_ENV = "DET_RUN_DIR"
+RUN_DIR_ENV = envvars.RUN_DIR
 #: Directory holding checkpoints (shared by all nodes that write or restore).
-CHECKPOINT_STORAGE_ENV = "DET_CHECKPOINT_STORAGE"
+CHECKPOINT_STORAGE_ENV = envvars.CHECKPOINT_STORAGE
 #: Parent of the default run directories, relative to the working directory.
 DEFAULT_RUNS_ROOT = "det_runs"
 

@@ -65,7 +65,7 @@ if __name__ == "__main__":
 
     # NEW: read the checkpoint to resume from and the trial id from the cluster info.
     info = det.get_cluster_info()
-    assert info is not None, "this example only runs on-cluster"  # noqa: S101
+    assert info is not None, "this example only runs on-cluster"
     latest_checkpoint = info.latest_checkpoint
     trial_id = info.trial.trial_id
 

@@ -74,7 +74,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
 
     info = det.get_cluster_info()
-    assert info is not None, "this example only runs on-cluster"  # noqa: S101
+    assert info is not None, "this example only runs on-cluster"
     latest_checkpoint = info.latest_checkpoint
     trial_id = info.trial.trial_id
 

@@ -123,7 +123,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
 
     info = det.get_cluster_info()
-    assert info is not None, "this example only runs on-cluster"  # noqa: S101
+    assert info is not None, "this example only runs on-cluster"
     slots_per_node = len(info.slot_ids)
     num_nodes = len(info.container_addrs)
     cross_rank = info.container_rank
