@@ -3,13 +3,42 @@
 The public face mirrors ``import determined as det`` for the Core API
 tutorials: ``det.get_cluster_info()``, ``det.ClusterInfo``, ``det.core`` and
 ``det.LOG_FORMAT``.
+
+Heavier parts (the launcher with psutil, the ZeroMQ context) load on first
+use, so small ``python -m determined_launch.X`` helpers that run in front of
+every worker start fast.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
-from determined_launch.core import DistributedContext, DistributedError
-from determined_launch.launcher import launch_per_slot
+
+if TYPE_CHECKING:
+    from determined_launch import core
+    from determined_launch.core import DistributedContext, DistributedError
+    from determined_launch.launcher import launch_per_slot
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
+
+#: attribute -> the module that defines it (or is it)
+_LAZY = {
+    "core": "determined_launch.core",
+    "DistributedContext": "determined_launch.core",
+    "DistributedError": "determined_launch.core",
+    "launch_per_slot": "determined_launch.launcher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'determined_launch' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    return module if module_name.endswith("." + name) else getattr(module, name)
+
 
 __all__ = [
     "LOG_FORMAT",
@@ -17,6 +46,7 @@ __all__ = [
     "DistributedContext",
     "DistributedError",
     "TrialInfo",
+    "core",
     "get_cluster_info",
     "launch_per_slot",
 ]

@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preempt-file", metavar="PATH",
                    help="preempt when this file appears (DET_PREEMPT_FILE)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    p.add_argument("--requeue", action="store_true",
+                   help="after an acknowledged preemption, `scontrol requeue` the SLURM job")
     p.add_argument("command", choices=[*BACKENDS, "info"])
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p
@@ -83,6 +85,7 @@ def _options(ns: argparse.Namespace) -> LauncherOptions:
         disabled_detectors=tuple(ns.disable_detector),
         supervisor=sup,
         dry_run=ns.dry_run or base.dry_run,
+        requeue=ns.requeue or base.requeue,
     )
 
 

@@ -266,7 +266,11 @@ class NodeLink(ControlLink):
         self._spawn(self._heartbeat_loop)
 
     def _pump(self) -> None:
-        self.stream.sock.settimeout(0.5)
+        try:
+            self.stream.sock.settimeout(0.5)
+        except OSError:  # closed under us
+            self.inbox.append({"type": "lost", "node": 0})
+            return
         last_heard = time.monotonic()
         while not self._stop.is_set():
             msgs = self.stream.recv_lines()

@@ -23,6 +23,10 @@ DIST_PORT = "DET_DIST_PORT"  # chief's TCP port for cross-node traffic
 DIST_IPC_DIR = "DET_DIST_IPC_DIR"  # private directory for node-local ipc:// sockets
 DIST_TIMEOUT = "DET_DIST_TIMEOUT"  # seconds; overall timeout for one collective
 
+# Local Core API (core.init): where metrics and checkpoints go.
+RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)
+CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # shared checkpoint directory
+
 # Preemption plumbing between a node's launcher and its workers.
 PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested
 PREEMPT_ACK_FILE = "DET_PREEMPT_ACK_FILE"  # a worker creates it to acknowledge
@@ -31,3 +35,11 @@ PREEMPT_ACK_FILE = "DET_PREEMPT_ACK_FILE"  # a worker creates it to acknowledge
 # supervisor learns which rank failed first and how. Standard-library side:
 # wrap_rank/__init__.py spells the same name.
 WRAP_RANK_STATUS_DIR = "WRAP_RANK_STATUS_DIR"
+
+# --- multi-node modes of the Horovod and DeepSpeed launchers -----------------
+SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)
+SSH_PORT = "DTRAIN_SSH_PORT"  # the job's sshd port on every node (Determined's name)
+CONNECT_TIMEOUT = "DET_LAUNCH_CONNECT_TIMEOUT"  # seconds nodes wait for each other
+# node-env.json of the node (gate.py loads it before a worker starts):
+SSHD_NODE_ENV = "DET_LAUNCH_SSHD_NODE_ENV"  # set by the job's sshd in its sessions
+NODE_ENV_FILE = "DET_LAUNCH_NODE_ENV_FILE"  # set by the launcher for its own workers

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,8 @@ from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.errors import LaunchError
+from determined_launch.cluster.torchrun_env import refuse_nested_launch
+from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervise import SupervisorConfig, supervise, write_private_file
 
 __all__ = [
@@ -46,8 +48,9 @@ DEFAULT_C10D_PORT = 29400
 PREEMPT_GRACE_ENV = "DET_PREEMPT_GRACE"
 PREEMPT_SIGNALS_ENV = "DET_PREEMPT_SIGNALS"
 KILL_AFTER_ENV = "DET_KILL_AFTER"
-CONNECT_TIMEOUT_ENV = "DET_LAUNCH_CONNECT_TIMEOUT"
+CONNECT_TIMEOUT_ENV = envvars.CONNECT_TIMEOUT
 DRY_RUN_ENV = "DET_LAUNCH_DRY_RUN"
+REQUEUE_ENV = "DET_LAUNCH_REQUEUE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,8 @@ class LauncherOptions:
     disabled_detectors: tuple[str, ...] = ()
     supervisor: SupervisorConfig = SupervisorConfig()
     dry_run: bool = False
+    #: After an acknowledged preemption, ask SLURM to requeue the job.
+    requeue: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -77,8 +82,13 @@ class LauncherOptions:
                 preempt_file=env.get(envvars.PREEMPT_FILE) or None,
                 connect_timeout=_float_env(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout),
             ),
-            dry_run=env.get(DRY_RUN_ENV, "") not in ("", "0", "false"),
+            dry_run=_flag_env(env, DRY_RUN_ENV),
+            requeue=_flag_env(env, REQUEUE_ENV),
         )
+
+
+def _flag_env(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
@@ -210,15 +220,44 @@ def run(
     """Detect, build, supervise; return the exit status. Raises LaunchError."""
     env = os.environ if env is None else env
     info = detect(env, force=options.detector, disable=options.disabled_detectors).info
+    refuse_nested_launch(info, env)
     runtime = make_runtime(info, env)
     try:
         plan = build(info, runtime, args)
         if options.dry_run:
             print(plan.render())
             return 0
-        return supervise(plan, info, runtime, options.supervisor)
+        status = supervise(plan, info, runtime, options.supervisor)
+        if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
+            requeue_slurm_job(env)
+        return status
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)
+
+
+def requeue_slurm_job(env: Mapping[str, str]) -> bool:
+    """``scontrol requeue $SLURM_JOB_ID``, once, from the chief, as the very
+    last action: requeueing ends the job's remaining steps, and the rerun
+    resumes from the checkpoint the workers saved before acknowledging."""
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        print("det-launch: --requeue: not in a SLURM job (SLURM_JOB_ID unset); not requeued",
+              file=sys.stderr)
+        return False
+    try:
+        result = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"det-launch: --requeue: scontrol requeue {job_id} failed: {e}", file=sys.stderr)
+        return False
+    if result.returncode != 0:
+        why = (result.stderr or result.stdout).strip().splitlines()
+        print(f"det-launch: --requeue: scontrol requeue {job_id} failed: "
+              f"{why[-1] if why else result.returncode}", file=sys.stderr)
+        return False
+    print(f"det-launch: requeued SLURM job {job_id}", file=sys.stderr, flush=True)
+    return True
 
 
 def report_errors(fn: Callable[[], int]) -> int:

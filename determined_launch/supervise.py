@@ -231,10 +231,26 @@ class Supervisor:
         return env
 
     def _start_processes(self) -> None:
+        # SLURM delivers `scancel --signal=USR1` to every process of the step,
+        # not just to us. Children start with the non-TERM preemption signals
+        # ignored (SIG_IGN survives exec; wrap_rank does not forward ignored
+        # signals), so only the launcher reacts, and the workers checkpoint
+        # instead of dying. TERM keeps its default: it is also how we stop.
+        ignored = [
+            s for s in self.config.preempt_signals if s not in (signal.SIGTERM, signal.SIGINT)
+        ]
+
+        def ignore_preempt_signals() -> None:  # in the child, between fork and exec
+            for sig in ignored:
+                signal.signal(sig, signal.SIG_IGN)
+
         for spec in self.plan.processes:
             try:
                 proc = subprocess.Popen(
-                    list(spec.argv), env=self._process_env(spec), start_new_session=True
+                    list(spec.argv),
+                    env=self._process_env(spec),
+                    start_new_session=True,
+                    preexec_fn=ignore_preempt_signals if ignored else None,
                 )
             except OSError as e:
                 raise LaunchError(f"cannot start {spec.name} ({spec.argv[0]}): {e}") from None
@@ -494,8 +510,11 @@ class Supervisor:
             self.chief_link.broadcast({"type": "preempt"})
 
     def _on_local_success(self) -> None:
+        # Workers that acknowledged a preemption stopped so they can resume,
+        # whether the request came through us or from Python
+        # (``PreemptContext.request_preemption``).
         status = EXIT_OK
-        if self.phase == Phase.PREEMPTING and os.path.exists(self.runtime.preempt_ack_file):
+        if os.path.exists(self.runtime.preempt_ack_file):
             status = EXIT_PREEMPTED
         if self.link is None:
             self._finish(status)

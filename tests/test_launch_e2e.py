@@ -40,7 +40,10 @@ def test_four_workers_one_node_allreduce(launches: list[Launch]) -> None:
 
 
 def two_node_launches(
-    tmp_path: Path, slots: tuple[int, int] = (2, 2), **extra: str
+    tmp_path: Path,
+    slots: tuple[int, int] = (2, 2),
+    worker: tuple[str, ...] = tuple(ALLREDUCE),
+    **extra: str,
 ) -> tuple[Launch, Launch]:
     port = free_port_block()
     secret = "s" * 32
@@ -58,7 +61,7 @@ def two_node_launches(
             DET_DIST_SECRET=secret,
             **extra,
         )
-        launches.append(Launch(launcher_cmd(*ALLREDUCE), env))
+        launches.append(Launch(launcher_cmd(*worker), env))
     return launches[0], launches[1]
 
 
@@ -149,22 +152,9 @@ def test_preemption_signal_on_node1_reaches_every_node(
 ) -> None:
     ready = tmp_path / "ready"
     ready.mkdir()
-    port = free_port_block()
-    nodes = []
-    for rank in (0, 1):
-        info = write_cluster_info(
-            tmp_path / f"node{rank}.json",
-            container_addrs=["127.0.0.1", "127.0.0.1"],
-            container_rank=rank,
-            container_slot_counts=[1, 1],
-        )
-        env = base_env(
-            DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port), DET_DIST_SECRET="p" * 32,
-            READY_DIR=str(ready),
-        )
-        worker = [sys.executable, str(WORKERS / "preempt_poll.py")]
-        nodes.append(Launch([sys.executable, "-m", "determined_launch.cli", "torch", *worker], env))
-    launches += nodes
+    worker = (sys.executable, str(WORKERS / "preempt_poll.py"))
+    nodes = two_node_launches(tmp_path, (1, 1), worker, READY_DIR=str(ready))
+    launches += list(nodes)
     for r in (0, 1):
         wait_for_file(ready / f"rank-{r}", 120, f"rank {r}")
     time.sleep(0.5)  # both launchers are past their control-channel handshake

@@ -278,6 +278,34 @@ def test_signals_are_forwarded_to_the_child() -> None:
         proc.wait()
 
 
+def test_signal_ignored_at_start_stays_ignored_for_both() -> None:
+    """The supervisor starts workers with preemption signals ignored (SLURM
+    signals every process of a step); wrap_rank must neither die of them nor
+    hand them to the child."""
+    code = (
+        "import signal, sys, time; "
+        "print(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN, flush=True); "
+        "sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wrap_rank", "0", "--", sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
+    )
+    try:
+        assert readline(proc) == b"[rank=0] True\n"
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.2)
+        assert proc.stdin is not None
+        proc.stdin.close()  # now the child ends normally
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_no_redirect_stdio_leaves_output_alone_and_still_reports() -> None:
     r = wrap("--no-redirect-stdio", "1", *sh("echo plain; echo err >&2; exit 3"))
     assert (r.returncode, r.stdout, r.stderr) == (3, b"plain\n", b"err\n")
@@ -386,6 +414,7 @@ def test_determined_launch_module_behaves_the_same() -> None:
     assert ours.returncode == 6 and ours.stdout == b"[rank=2] o\n[rank=2] a\n[rank=2] b\n"
 
 
+@pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+")
 def test_imports_only_the_standard_library() -> None:
     # -S: no site-packages hooks, so every import listed is wrap_rank's or Python's own.
     r = subprocess.run(

@@ -75,7 +75,7 @@ class LinePrefixer:
                 start = first + 1
             if start <= last:
                 body = data[start:last]
-                out.append(self._prefix + body.replace(b"\n", self._nl_prefix) + b"\n")
+                out.append(b"".join((self._prefix, body.replace(b"\n", self._nl_prefix), b"\n")))
             tail = data[last + 1 :]
         if len(tail) > cap:
             cut = (len(tail) - 1) // cap * cap

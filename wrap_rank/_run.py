@@ -28,8 +28,10 @@ EXIT_NOT_FOUND = 127
 #: started stay ignored (and are inherited ignored, as under ``nohup``).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
 
-# Bigger pipes mean fewer wake-ups of this process and of the writer.
-_PIPE_SIZE = 1 << 20
+#: After the child exits, read at most this much more per stream: what it
+#: wrote before exiting (a pipe holds 64 KiB by default), not the output of a
+#: background process that outlives it.
+_DRAIN_LIMIT = 1 << 20
 
 USAGE = """\
 usage: wrap_rank [--no-redirect-stdio] RANK [--] CMD...
@@ -167,19 +169,6 @@ def _write_all(fd: int, data: bytes) -> None:
             select.select([], [fd], [])
 
 
-def _set_pipe_size(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:
-        return
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux, Python 3.10+
-    if set_size is not None:
-        try:
-            fcntl.fcntl(fd, set_size, _PIPE_SIZE)
-        except OSError:
-            pass  # a lower pipe-max-size: the default size works too
-
-
 class _Stream:
     """One child pipe and where its prefixed lines go."""
 
@@ -206,10 +195,9 @@ def _forward_output(pid: int, streams: list[_Stream], wake_fd: int) -> int | Non
     """Pump both pipes until they close or the child exits.
 
     Returns the child's wait status if it was reaped here. Once the child
-    has exited, whatever it wrote is already in the pipes: that is drained
-    (at most a pipe's capacity), and wrap_rank does not wait for background
-    processes the child left holding the pipes (they would otherwise keep it
-    alive forever).
+    has exited, whatever it wrote is already in the pipes: that is drained,
+    and wrap_rank does not wait for background processes the child left
+    holding the pipes (they would otherwise keep it alive forever).
     """
     poller = select.poll()
     by_fd = {s.read_fd: s for s in streams}
@@ -218,7 +206,7 @@ def _forward_output(pid: int, streams: list[_Stream], wake_fd: int) -> int | Non
     poller.register(wake_fd, select.POLLIN)
     status: int | None = None
     timeout: int | None = None  # block until the child has exited, then drain
-    drain_reads = _PIPE_SIZE // LINE_CAP + 1  # enough to empty a full pipe
+    drain_reads = _DRAIN_LIMIT // LINE_CAP
     while by_fd:
         events = poller.poll(timeout)
         if timeout == 0:
@@ -295,10 +283,14 @@ def write_status(
     tmp = os.path.join(directory, f".rank-{rank}.json.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        _write_all(fd, json.dumps(record).encode() + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
+        try:
+            _write_all(fd, json.dumps(record).encode() + b"\n")
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except OSError:
+        os.unlink(tmp)  # a full disk, say: leave no half-written file behind
+        raise
 
 
 def _report(rank: int, status: int, signum: int | None, pid: int | None) -> None:
@@ -345,7 +337,6 @@ def run(redirect: bool, rank: int, cmd: list[str]) -> int:
         prefix = f"[rank={rank}] ".encode()
         for out_fd in (1, 2):
             r, w = os.pipe()
-            _set_pipe_size(r)
             streams.append(_Stream(r, out_fd, prefix))
             child_fds.append(w)
         # SIGCHLD wakes the poll loop through this pipe.

@@ -12,6 +12,7 @@ module and add an instance to ``DETECTORS`` before ``LocalMachine``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Optional
@@ -20,7 +21,13 @@ from determined_launch.cluster.base import Detector, NoMatch
 from determined_launch.cluster.determined import DeterminedInfoDir
 from determined_launch.cluster.file import ClusterInfoFile
 from determined_launch.cluster.info import ClusterInfo
+from determined_launch.cluster.kubernetes import KubeflowPyTorchJob, KubernetesIndexedJob
 from determined_launch.cluster.local import LocalMachine
+from determined_launch.cluster.lsf import Lsf
+from determined_launch.cluster.mpi import Mpi
+from determined_launch.cluster.pbs import Pbs
+from determined_launch.cluster.slurm import Slurm
+from determined_launch.cluster.torchrun_env import TorchrunEnv
 from determined_launch.errors import ClusterInfoError
 
 #: Use only this detector (by name); it must match.
@@ -28,9 +35,19 @@ FORCE_ENV = "DET_LAUNCH_DETECTOR"
 #: Comma-separated detector names to skip.
 DISABLE_ENV = "DET_LAUNCH_DISABLE_DETECTORS"
 
+# Scheduler order: the innermost launcher wins. A torchrun worker inside an
+# srun step is a torchrun worker; mpirun inside a SLURM, PBS or LSF job sets
+# its own variables on top of the scheduler's inherited ones.
 DETECTORS: Sequence[Detector] = (
     ClusterInfoFile(),
     DeterminedInfoDir(),
+    TorchrunEnv(),
+    Mpi(),
+    Slurm(),
+    Lsf(),
+    Pbs(),
+    KubeflowPyTorchJob(),
+    KubernetesIndexedJob(),
     LocalMachine(),
 )
 
@@ -104,3 +121,21 @@ def get_cluster_info(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
     ``info.latest_checkpoint`` keeps working (both are ``None`` there).
     """
     return detect(env).info
+
+
+def explain(report: DetectionReport) -> str:
+    """``det-launch info``: which detector matched, why each one before it
+    did not, and the resolved information as JSON (the secret masked)."""
+    info = report.info
+    width = max([len(d.name) for d in DETECTORS])
+    lines = [f"detector: {info.source}"]
+    if report.skipped:
+        lines.append("tried first:")
+        lines += [f"  {name:<{width}}  {reason}" for name, reason in report.skipped]
+    lines.append(
+        f"this node: rank {info.container_rank} of {info.num_nodes} "
+        f"(chief {info.chief_ip}), {info.slots_per_node} slot(s) here, "
+        f"{info.total_slots} in total"
+    )
+    lines.append(json.dumps(info.to_dict(), indent=2, sort_keys=True))
+    return "\n".join(lines)

@@ -1,5 +1,21 @@
 """Worker-side library: coordination, preemption and the local Core API."""
 
+from determined_launch.core._context import Context, init
+from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.distributed import DistributedContext, DistributedError
+from determined_launch.core.preempt import PreemptContext, PreemptMode
+from determined_launch.core.searcher import SearcherContext, SearcherOperation
+from determined_launch.core.train import TrainContext
 
-__all__ = ["DistributedContext", "DistributedError"]
+__all__ = [
+    "CheckpointContext",
+    "Context",
+    "DistributedContext",
+    "DistributedError",
+    "PreemptContext",
+    "PreemptMode",
+    "SearcherContext",
+    "SearcherOperation",
+    "TrainContext",
+    "init",
+]

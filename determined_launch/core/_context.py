@@ -1,0 +1,156 @@
+"""``core.init()``: the seed's Core API, running without a Determined master."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from typing import Any, Optional
+
+from determined_launch import envvars
+from determined_launch.cluster import ClusterInfo, get_cluster_info
+from determined_launch.core._dist import Collectives
+from determined_launch.core._rundir import RunDir
+from determined_launch.core.checkpoint import CheckpointContext
+from determined_launch.core.preempt import DEFAULT_SYNC_PERIOD, PreemptContext, PreemptMode
+from determined_launch.core.searcher import SearcherContext
+from determined_launch.core.train import TrainContext
+from determined_launch.errors import LaunchError
+
+logger = logging.getLogger("determined_launch.core")
+
+#: Directory for this run's metrics and latest-checkpoint pointer.
+RUN_DIR_ENV = envvars.RUN_DIR
+#: Directory holding checkpoints (shared by all nodes that write or restore).
+CHECKPOINT_STORAGE_ENV = envvars.CHECKPOINT_STORAGE
+#: Parent of the default run directories, relative to the working directory.
+DEFAULT_RUNS_ROOT = "det_runs"
+
+
+class Context:
+    """What ``core.init()`` returns: ``.distributed``, ``.preempt``, ``.train``,
+    ``.checkpoint``, ``.searcher``, and ``.info`` (this node's ``ClusterInfo``).
+
+    Use it as a context manager; leaving it closes the ``DistributedContext``
+    (including one you passed in), as Determined's does.
+    """
+
+    def __init__(
+        self,
+        *,
+        distributed: Collectives,
+        preempt: PreemptContext,
+        train: TrainContext,
+        checkpoint: CheckpointContext,
+        searcher: SearcherContext,
+        info: ClusterInfo,
+        run_dir: pathlib.Path,
+    ) -> None:
+        self.distributed = distributed
+        self.preempt = preempt
+        self.train = train
+        self.checkpoint = checkpoint
+        self.searcher = searcher
+        self.info = info
+        self.run_dir = run_dir
+
+    def __enter__(self) -> Context:
+        self.preempt.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.preempt.close()
+        self.distributed.close()
+
+
+def _single_process() -> Collectives:
+    from determined_launch.core.distributed import DistributedContext
+
+    return DistributedContext(
+        rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1
+    )
+
+
+def _directory(value: str, what: str) -> pathlib.Path:
+    if "://" in value:
+        raise LaunchError(f"{what}: {value!r}: only directories are supported, not URLs")
+    return pathlib.Path(value).expanduser().absolute()
+
+
+def resolve_run_dir(run_dir: Optional[str], info: ClusterInfo) -> pathlib.Path:
+    """``run_dir`` argument, else ``DET_RUN_DIR``, else
+    ``./det_runs/trial-<trial_id>`` (``./det_runs/local`` without a trial)."""
+    if run_dir:
+        return _directory(str(run_dir), "core.init(run_dir=...)")
+    if os.environ.get(RUN_DIR_ENV):
+        return _directory(os.environ[RUN_DIR_ENV], f"environment variable {RUN_DIR_ENV}")
+    name = f"trial-{info.trial.trial_id}" if info.trial is not None else "local"
+    return pathlib.Path(DEFAULT_RUNS_ROOT, name).absolute()
+
+
+def resolve_checkpoint_storage(storage: Optional[str], run_dir: pathlib.Path) -> pathlib.Path:
+    """``checkpoint_storage`` argument, else ``DET_CHECKPOINT_STORAGE``, else
+    ``checkpoints/`` beside the run directory, so that the trials of one
+    experiment share storage and one trial's storage id restores in another."""
+    if storage:
+        return _directory(str(storage), "core.init(checkpoint_storage=...)")
+    if os.environ.get(CHECKPOINT_STORAGE_ENV):
+        return _directory(
+            os.environ[CHECKPOINT_STORAGE_ENV], f"environment variable {CHECKPOINT_STORAGE_ENV}"
+        )
+    return run_dir.parent / "checkpoints"
+
+
+def init(
+    *,
+    distributed: Optional[Collectives] = None,
+    checkpoint_storage: Optional[str] = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    run_dir: Optional[str] = None,
+    max_length: Optional[int] = None,
+    info: Optional[ClusterInfo] = None,
+    preempt_sync_period: float = DEFAULT_SYNC_PERIOD,
+) -> Context:
+    """Build the Core API context. Use as ``with core.init() as core_context:``.
+
+    ``distributed``: required when more than one worker runs (for example
+    ``DistributedContext.from_torch_distributed()``); ``None`` means a single
+    process. ``checkpoint_storage`` and ``run_dir``: directories, see
+    ``resolve_checkpoint_storage`` and ``resolve_run_dir``. ``max_length``:
+    the searcher's length, overriding ``info.trial.max_length``. ``info``:
+    defaults to ``det.get_cluster_info()``. ``preempt_sync_period``: see
+    ``PreemptContext``.
+    """
+    info = info if info is not None else get_cluster_info()
+    if distributed is None:
+        world = os.environ.get("WORLD_SIZE", "1")
+        if world.isdigit() and int(world) > 1:
+            raise LaunchError(
+                f"core.init(): WORLD_SIZE={world} workers are running but no DistributedContext "
+                "was passed; use core.init(distributed=DistributedContext.from_torch_distributed())"
+            )
+        distributed = _single_process()
+
+    rundir_path = resolve_run_dir(run_dir, info)
+    trial_id = info.trial.trial_id if info.trial is not None else None
+    rundir = RunDir(rundir_path, trial_id=trial_id)
+    storage = resolve_checkpoint_storage(checkpoint_storage, rundir_path)
+    if max_length is None and info.trial is not None:
+        max_length = info.trial.max_length
+
+    train = TrainContext(distributed, rundir)
+    context = Context(
+        distributed=distributed,
+        preempt=PreemptContext.from_env(distributed, preempt_mode, sync_period=preempt_sync_period),
+        train=train,
+        checkpoint=CheckpointContext(distributed, storage, rundir),
+        searcher=SearcherContext(distributed, rundir, train, max_length),
+        info=info,
+        run_dir=rundir_path,
+    )
+    if distributed.rank == 0:
+        logger.info("core.init: run directory %s, checkpoint storage %s", rundir_path, storage)
+    return context

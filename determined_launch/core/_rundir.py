@@ -1,0 +1,110 @@
+"""The run directory: where the local Core API keeps what a master would.
+
+Off-cluster there is no master to receive metrics or remember the latest
+checkpoint, so ``core.init`` keeps them in one directory per run::
+
+    <run_dir>/training.jsonl      report_training_metrics, one JSON object per line
+    <run_dir>/validation.jsonl    report_validation_metrics
+    <run_dir>/<group>.jsonl       report_metrics(group, ...)
+    <run_dir>/progress.jsonl      report_progress / op.report_progress
+    <run_dir>/searcher.jsonl      op.report_completed
+    <run_dir>/latest_checkpoint.json   the newest committed checkpoint (for resuming)
+
+Only the chief writes here, so lines never interleave between ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from determined_launch.core._dist import Collectives
+
+
+def require_chief(dist: Collectives, what: str) -> None:
+    """Reporting is the chief's job, as in Determined: duplicates from every
+    rank would corrupt the metric history, so other ranks fail loudly."""
+    if dist.rank != 0:
+        raise RuntimeError(
+            f"{what} may only be called on the chief (rank 0), but was called on "
+            f"rank {dist.rank}; guard it with `if core_context.distributed.rank == 0:`"
+        )
+
+
+def _to_jsonable(obj: Any) -> Any:
+    """``json.dumps`` fallback for numpy and torch scalars and arrays."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"metric value of type {type(obj).__name__} is not JSON-serializable")
+
+
+def dumps(record: Any) -> str:
+    # NaN and inf are written as JSON extensions (Python's json reads them);
+    # a diverging loss is a metric worth keeping, not an error.
+    return json.dumps(record, default=_to_jsonable, sort_keys=True)
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """Replace ``path`` so that readers see the old or the new content, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class RunDir:
+    """Append-only JSON-lines streams plus small pointer files in one directory."""
+
+    def __init__(self, path: pathlib.Path, *, trial_id: Optional[int]) -> None:
+        self.path = path
+        self.trial_id = trial_id
+
+    def append(self, stream: str, record: Mapping[str, Any]) -> None:
+        """Append one record with a timestamp. One ``write`` per line in
+        append mode, flushed at once, so a crash never leaves half a line."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        line = dumps({"time": round(time.time(), 6), "trial_id": self.trial_id, **record})
+        with open(self.path / f"{stream}.jsonl", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def write_pointer(self, name: str, value: Mapping[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path / f"{name}.json", dumps(dict(value)) + "\n")
+
+    def read_pointer(self, name: str) -> Optional[dict[str, Any]]:
+        try:
+            with open(self.path / f"{name}.json", encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as e:
+            raise RuntimeError(
+                f"run directory file {self.path / name}.json is unreadable: {e}"
+            ) from e
+        return data if isinstance(data, dict) else None
+
+
+def read_jsonl(path: os.PathLike[str] | str) -> list[dict[str, Any]]:
+    """Read a stream written by ``RunDir.append`` (for tests and analysis)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+    return out

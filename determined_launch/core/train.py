@@ -1,0 +1,79 @@
+"""``core_context.train``: metrics reporting into the run directory."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from determined_launch.core._dist import Collectives
+from determined_launch.core._rundir import RunDir, require_chief
+
+logger = logging.getLogger("determined_launch.core")
+
+_GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
+#: Streams of the run directory that are not metric groups.
+_RESERVED_GROUPS = frozenset({"progress", "searcher"})
+
+
+class TrainContext:
+    """Local stand-in for Determined's ``TrainContext``.
+
+    Each report is one JSON line in ``<run_dir>/<group>.jsonl`` with the
+    fields ``time``, ``trial_id``, ``steps_completed`` and ``metrics``
+    (plus ``batch_metrics`` when given). Only the chief may report.
+    """
+
+    def __init__(self, dist: Collectives, run_dir: RunDir) -> None:
+        self._dist = dist
+        self._run_dir = run_dir
+
+    def report_training_metrics(
+        self,
+        steps_completed: int,
+        metrics: Mapping[str, Any],
+        batch_metrics: Optional[list[Mapping[str, Any]]] = None,
+    ) -> None:
+        """Append to ``training.jsonl``."""
+        self._report(
+            "report_training_metrics()", "training", steps_completed, metrics, batch_metrics
+        )
+
+    def report_validation_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Append to ``validation.jsonl``. Independent of the searcher metric,
+        which ``op.report_completed()`` reports."""
+        self._report("report_validation_metrics()", "validation", steps_completed, metrics)
+
+    def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Append to ``<group>.jsonl``; ``group`` is letters, digits, ``_`` and ``-``."""
+        if not _GROUP_RE.fullmatch(group) or group in _RESERVED_GROUPS:
+            raise ValueError(
+                f"metrics group {group!r} is not allowed: use letters, digits, '_' and '-', "
+                f"and not {sorted(_RESERVED_GROUPS)}"
+            )
+        self._report("report_metrics()", group, steps_completed, metrics)
+
+    def report_progress(self, progress: float) -> None:
+        """Fraction of the searcher's length completed, in [0, 1]."""
+        require_chief(self._dist, "report_progress()")
+        if not 0 <= progress <= 1:
+            raise ValueError(f"progress must be between 0 and 1, got {progress}")
+        self._run_dir.append("progress", {"progress": float(progress)})
+
+    def _report(
+        self,
+        method: str,
+        group: str,
+        steps_completed: int,
+        metrics: Mapping[str, Any],
+        batch_metrics: Optional[list[Mapping[str, Any]]] = None,
+    ) -> None:
+        require_chief(self._dist, method)
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+        logger.info("%s: steps_completed=%s, metrics=%s", method, steps_completed, metrics)
+        record: dict[str, Any] = {"steps_completed": steps_completed, "metrics": dict(metrics)}
+        if batch_metrics is not None:
+            record["batch_metrics"] = [dict(m) for m in batch_metrics]
+        self._run_dir.append(group, record)
