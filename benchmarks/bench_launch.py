@@ -14,6 +14,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,8 +53,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
+    # This machine sets PYTHONDONTWRITEBYTECODE, so an editable checkout would
+    # recompile its sources on every start while torch's installed modules
+    # have bytecode; a private cache makes both behave like installed code.
+    cache = tempfile.mkdtemp(prefix="bench-pycache-")
     env = dict(os.environ, PYTHONPATH=str(REPO), DET_LAUNCH_SLOTS=str(WORKERS),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", PYTHONPYCACHEPREFIX=cache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     timed(ours(), env)  # warm the page cache for both
     timed(bare_torchrun(), env)
     results: dict[str, list[float]] = {"torchrun": [], "det-launch": []}

@@ -20,7 +20,6 @@ with the same status.
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
 import enum
 import json
@@ -32,14 +31,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import psutil
 
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.control import ChiefLink, ControlLink, Message, NodeLink
 from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED, LaunchError
+
+if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
+    from determined_launch.control import ChiefLink, ControlLink, Message, NodeLink
 
 logger = logging.getLogger("determined_launch.supervise")
 
@@ -125,6 +126,8 @@ def become_subreaper() -> bool:
     """Adopt orphaned descendants (Linux >= 3.4), so none can escape ``stop``."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # only here: it costs a few ms of every launcher's start-up
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
@@ -210,6 +213,8 @@ class Supervisor:
     def _open_control_link(self) -> None:
         if self.info.single_node:
             return
+        from determined_launch.control import ChiefLink, NodeLink
+
         secret = self.runtime.secret or ""
         if self.info.is_chief:
             self.chief_link = ChiefLink(
