@@ -22,6 +22,7 @@ DIST_SECRET = "DET_DIST_SECRET"  # job secret for HMAC-SHA256; hex or any string
 DIST_PORT = "DET_DIST_PORT"  # chief's TCP port for cross-node traffic
 DIST_IPC_DIR = "DET_DIST_IPC_DIR"  # private directory for node-local ipc:// sockets
 DIST_TIMEOUT = "DET_DIST_TIMEOUT"  # seconds; overall timeout for one collective
+DIST_TRANSPORT = "DET_DIST_TRANSPORT"  # "direct" (default) or "zmq"
 
 # Local Core API (core.init): where metrics and checkpoints go.
 RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)

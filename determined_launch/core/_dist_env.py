@@ -26,8 +26,7 @@ logger = logging.getLogger("determined_launch.core.distributed")
 #: the same offset our launchers use (master, control channel, dist).
 DEFAULT_PORT = 29502
 MIN_SECRET_CHARS = 16
-#: "direct" (default) or "zmq". Not in envvars.py: no launcher sets it.
-TRANSPORT_VAR = "DET_DIST_TRANSPORT"
+TRANSPORT_VAR = envvars.DIST_TRANSPORT
 
 
 @dataclasses.dataclass(frozen=True)
