@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 import psutil
@@ -49,6 +49,7 @@ _TICK = 0.05
 #: still in flight from other nodes, so "first" means first in time.
 _FAILURE_WINDOW = 0.5
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 DEFAULT_PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Forwarded to every process group without changing the job's state.
 _FORWARDED_SIGNALS = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2, signal.SIGWINCH)
@@ -122,17 +123,22 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
-def become_subreaper() -> bool:
-    """Adopt orphaned descendants (Linux >= 3.4), so none can escape ``stop``."""
+def _libc_prctl() -> Optional[Callable[..., int]]:
+    """libc's ``prctl``, or None off Linux."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     import ctypes  # only here: it costs a few ms of every launcher's start-up
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+def become_subreaper(prctl: Optional[Callable[..., int]]) -> bool:
+    """Adopt orphaned descendants (Linux >= 3.4), so none can escape ``stop``."""
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
@@ -183,6 +189,7 @@ class Supervisor:
         self.node_link: Optional[NodeLink] = None
         self.exited: set[int] = set()  # pids whose exit has been handled
         self.drain_deadline = float("inf")
+        self._prctl: Optional[Callable[..., int]] = None
         self.started_at = time.monotonic()
 
     @property
@@ -194,7 +201,8 @@ class Supervisor:
         old_handlers = self._install_signal_handlers()
         try:
             self._prepare_files()
-            become_subreaper()
+            self._prctl = _libc_prctl()
+            become_subreaper(self._prctl)
             self._open_control_link()
             self._start_processes()
             return self._watch()
@@ -245,9 +253,20 @@ class Supervisor:
             s for s in self.config.preempt_signals if s not in (signal.SIGTERM, signal.SIGINT)
         ]
 
-        def ignore_preempt_signals() -> None:  # in the child, between fork and exec
+        prctl = self._prctl
+        launcher_pid = os.getpid()
+
+        def prepare_child() -> None:  # in the child, between fork and exec
             for sig in ignored:
                 signal.signal(sig, signal.SIG_IGN)
+            # If the launcher is killed outright (OOM killer, kill -9), its
+            # children get TERM and stop their own workers, instead of
+            # running on as orphans; the check closes the race with a
+            # launcher that died before the prctl.
+            if prctl is not None:
+                prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+                if os.getppid() != launcher_pid:
+                    os._exit(128 + signal.SIGTERM)
 
         for spec in self.plan.processes:
             try:
@@ -255,7 +274,7 @@ class Supervisor:
                     list(spec.argv),
                     env=self._process_env(spec),
                     start_new_session=True,
-                    preexec_fn=ignore_preempt_signals if ignored else None,
+                    preexec_fn=prepare_child,
                 )
             except OSError as e:
                 raise LaunchError(f"cannot start {spec.name} ({spec.argv[0]}): {e}") from None

@@ -169,3 +169,19 @@ def test_preemption_signal_on_node1_reaches_every_node(
             node.stderr
         )
         assert node.leftovers() == []
+
+
+def test_sigkill_to_launcher_still_leaves_no_process(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """The launcher cannot clean up after SIGKILL; its children's
+    parent-death signal makes torchrun stop its own workers instead."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = base_env(DET_LAUNCH_SLOTS="2", SLEEP_FOREVER="1", READY_DIR=str(ready))
+    launch = Launch(launcher_cmd(*ALLREDUCE), env)
+    launches.append(launch)
+    wait_for_file(ready / "rank-1", 120, "both ranks running")
+    launch.send_signal(signal.SIGKILL)
+    assert launch.wait(10) == -signal.SIGKILL
+    assert launch.leftovers(settle=30) == []
