@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
@@ -20,6 +22,7 @@ from tests.conftest import (
     base_env,
     free_port_block,
     launcher_cmd,
+    wait_for_file,
     write_cluster_info,
 )
 
@@ -140,3 +143,59 @@ def rank_lines(out: str) -> dict[int, dict[str, str]]:
 
 
 __all__ = ["REPO", "Launch", "SECRET"]
+
+
+def check_worker_lines(
+    out: str, ranks: range, world: int, **expect: str
+) -> dict[int, dict[str, str]]:
+    """What every hvd_worker/ds_worker line must say: world, all_reduce sum,
+    launcher variables, no leaked secret, a working DistributedContext."""
+    lines = rank_lines(out)
+    assert set(lines) == set(ranks), out
+    for r in ranks:
+        f = lines[r]
+        assert f["world"] == str(world), f
+        assert f["sum"] == str(world * (world + 1) // 2), f  # allreduce of rank+1
+        assert f["use"] == "1" and f["chief"] == "127.0.0.1", f
+        assert f["secret"] == "True" and f["leak"] == "False", f
+        assert f["dctx"] == "ok", f  # DistributedContext.from_horovod / from_deepspeed
+        for k, v in expect.items():
+            assert f[k] == v, (k, f)
+    return lines
+
+
+def assert_failure_stops_both_nodes(nodes: Sequence[Launch]) -> None:
+    """Rank 1 (node 1) exits 7: both launchers exit 7 quickly, name it, leave nothing."""
+    assert nodes[1].wait(300) == 7, nodes[1].stdout + nodes[1].stderr
+    failed_at = time.monotonic()
+    assert nodes[0].wait(60) == 7, nodes[0].stdout + nodes[0].stderr
+    assert time.monotonic() - failed_at < 20  # the control channel, not a gloo timeout
+    for node in nodes:
+        assert "job failed: rank 1 on node 1 (127.0.0.2) exited with status 7 first" in (
+            node.stderr
+        ), node.stderr
+        assert node.leftovers() == []
+
+
+def assert_sigterm_stops_every_worker(
+    tmp_path: Path, launches: list[Launch], module: str, worker_file: str
+) -> None:
+    """SIGTERM to a single-node launcher whose workers ignore preemption: the
+    grace period expires, the launcher exits 143 and nothing is left."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = real_env(
+        tmp_path / "tmp",
+        DET_LAUNCH_SLOTS="2",
+        SLEEP_FOREVER="1",
+        DET_PREEMPT_GRACE="1",
+        READY_DIR=str(ready),
+    )
+    launch = Launch(launcher_cmd(*worker(worker_file), module=module), env)
+    launches.append(launch)
+    for r in range(2):
+        wait_for_file(ready / f"rank-{r}", 300, f"rank {r}")
+    launch.send_signal(signal.SIGTERM)
+    assert launch.wait(60) == 128 + signal.SIGTERM, launch.stderr
+    assert "preemption grace period" in launch.stderr
+    assert launch.leftovers() == []

@@ -9,24 +9,23 @@ shared TORCH_EXTENSIONS_DIR cache that these runs use.
 from __future__ import annotations
 
 import shutil
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from determined_launch.backends.ssh import HostFacts
 from tests._hvdds_helpers import (
-    REPO,
     Launch,
+    assert_failure_stops_both_nodes,
+    assert_sigterm_stops_every_worker,
+    check_worker_lines,
     extensions_dir,
     installed,
     node_launches,
-    rank_lines,
     real_env,
     worker,
 )
-from tests.conftest import free_port_block, launcher_cmd, wait_for_file
+from tests.conftest import free_port_block, launcher_cmd
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,7 +35,6 @@ pytestmark = [
     ),
 ]
 MODULE = "determined_launch.deepspeed"
-HAVE_DCTX = (REPO / "determined_launch" / "core" / "distributed.py").exists()
 PROBE = "two words 'quoted' \"double\" $HOME `tick` back\\slash;"
 
 
@@ -48,22 +46,6 @@ def _no_stale_jit_lock() -> None:
         pytest.fail(f"stale torch JIT lock {lock}: remove it or run scripts/install_deepspeed.sh")
 
 
-def check_ranks(out: str, ranks: range, world: int, **expect: str) -> dict[int, dict[str, str]]:
-    lines = rank_lines(out)
-    assert set(lines) == set(ranks), out
-    for r in ranks:
-        f = lines[r]
-        assert f["world"] == str(world), f
-        assert f["sum"] == str(world * (world + 1) // 2), f
-        assert f["use"] == "1" and f["chief"] == "127.0.0.1", f
-        assert f["secret"] == "True" and f["leak"] == "False", f
-        if HAVE_DCTX:
-            assert f["dctx"] == "ok", f
-        for k, v in expect.items():
-            assert f[k] == v, (k, f)
-    return lines
-
-
 def test_single_node_two_workers(tmp_path: Path, launches: list[Launch]) -> None:
     launch = Launch(
         launcher_cmd(*worker("ds_worker.py"), module=MODULE),
@@ -71,7 +53,7 @@ def test_single_node_two_workers(tmp_path: Path, launches: list[Launch]) -> None
     )
     launches.append(launch)
     assert launch.wait(300) == 0, launch.stdout + launch.stderr
-    check_ranks(launch.stdout, range(2), 2, cross="0/1")
+    check_worker_lines(launch.stdout, range(2), 2, cross="0/1")
     assert "job succeeded" in launch.stderr
     assert launch.leftovers() == []
     assert list((tmp_path / "tmp").iterdir()) == []  # job directory removed
@@ -85,8 +67,8 @@ def test_two_nodes_without_ssh(tmp_path: Path, launches: list[Launch]) -> None:
     launches += nodes
     for node in reversed(nodes):
         assert node.wait(300) == 0, node.stdout + node.stderr
-    check_ranks(nodes[0].stdout, range(0, 2), 4, cross="0/2")
-    check_ranks(nodes[1].stdout, range(2, 4), 4, cross="1/2")
+    check_worker_lines(nodes[0].stdout, range(0, 2), 4, cross="0/2")
+    check_worker_lines(nodes[1].stdout, range(2, 4), 4, cross="1/2")
     assert all(n.leftovers() == [] for n in nodes)
 
 
@@ -111,7 +93,7 @@ def test_two_nodes_over_ssh_with_pdsh(tmp_path: Path, launches: list[Launch]) ->
     assert nodes[0].wait(300) == 0, nodes[0].stdout + nodes[0].stderr
     assert nodes[1].wait(60) == 0, nodes[1].stdout + nodes[1].stderr
     # pdsh brings every rank's output back to the chief.
-    lines = check_ranks(nodes[0].stdout, range(4), 4, probe=PROBE.encode().hex())
+    lines = check_worker_lines(nodes[0].stdout, range(4), 4, probe=PROBE.encode().hex())
     for r in range(4):
         own_tmp = tmp_path / f"tmp{r // 2}"
         assert lines[r]["jobdir"].startswith(str(own_tmp)), lines[r]
@@ -129,32 +111,8 @@ def test_failure_on_one_node_stops_both(tmp_path: Path, launches: list[Launch]) 
         FAIL_CODE="7",
     )
     launches += nodes
-    assert nodes[1].wait(300) == 7, nodes[1].stdout + nodes[1].stderr
-    failed_at = time.monotonic()
-    assert nodes[0].wait(60) == 7, nodes[0].stdout + nodes[0].stderr
-    assert time.monotonic() - failed_at < 20  # not a gloo timeout
-    for node in nodes:
-        assert "job failed: rank 1 on node 1 (127.0.0.2) exited with status 7 first" in (
-            node.stderr
-        ), node.stderr
-        assert node.leftovers() == []
+    assert_failure_stops_both_nodes(nodes)
 
 
 def test_sigterm_stops_every_worker(tmp_path: Path, launches: list[Launch]) -> None:
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    env = real_env(
-        tmp_path / "tmp",
-        DET_LAUNCH_SLOTS="2",
-        SLEEP_FOREVER="1",
-        DET_PREEMPT_GRACE="1",
-        READY_DIR=str(ready),
-    )
-    launch = Launch(launcher_cmd(*worker("ds_worker.py"), module=MODULE), env)
-    launches.append(launch)
-    for r in range(2):
-        wait_for_file(ready / f"rank-{r}", 300, f"rank {r}")
-    launch.send_signal(signal.SIGTERM)
-    assert launch.wait(60) == 128 + signal.SIGTERM, launch.stderr
-    assert "preemption grace period" in launch.stderr
-    assert launch.leftovers() == []
+    assert_sigterm_stops_every_worker(tmp_path, launches, MODULE, "ds_worker.py")
