@@ -31,6 +31,9 @@ CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # shared checkpoint directory
 # Preemption plumbing between a node's launcher and its workers.
 PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested
 PREEMPT_ACK_FILE = "DET_PREEMPT_ACK_FILE"  # a worker creates it to acknowledge
+# A worker that watches for preemption (core.init) creates it, so the launcher
+# gives the workers a grace period; without it a preemption signal stops at once.
+PREEMPT_LISTEN_FILE = "DET_PREEMPT_LISTEN_FILE"
 
 # wrap_rank writes "<dir>/rank-<N>.json" when its child exits, so the
 # supervisor learns which rank failed first and how. Standard-library side:

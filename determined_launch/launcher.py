@@ -9,27 +9,27 @@ directory, ports, the job secret) is decided here, once, into a
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Optional
+from typing import Any, Optional
 
-from determined_launch import envvars
+from determined_launch import config, envvars, values
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
-from determined_launch.supervise import SupervisorConfig, supervise, write_private_file
+from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
 
 __all__ = [
     "BackendArgs",
@@ -45,21 +45,15 @@ BuildPlan = Callable[[ClusterInfo, JobRuntime, BackendArgs], LaunchPlan]
 
 #: torchrun's and Determined's default master port, used for multi-node jobs.
 DEFAULT_C10D_PORT = 29400
-PREEMPT_GRACE_ENV = "DET_PREEMPT_GRACE"
-PREEMPT_SIGNALS_ENV = "DET_PREEMPT_SIGNALS"
-KILL_AFTER_ENV = "DET_KILL_AFTER"
-CONNECT_TIMEOUT_ENV = envvars.CONNECT_TIMEOUT
-DRY_RUN_ENV = "DET_LAUNCH_DRY_RUN"
-REQUEUE_ENV = "DET_LAUNCH_REQUEUE"
 
 
 @dataclasses.dataclass(frozen=True)
 class LauncherOptions:
     """Options of the launcher itself (not of torchrun & co.).
 
-    ``python -m determined_launch.X`` reads them from the environment only,
-    because its own arguments belong to the backend; ``det-launch`` also has
-    flags for them.
+    Declared once in ``config.OPTIONS``: ``python -m determined_launch.X``
+    reads them from the environment only, because its own arguments belong
+    to the backend; ``det-launch`` also has flags for them.
     """
 
     detector: Optional[str] = None
@@ -71,60 +65,33 @@ class LauncherOptions:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
-        defaults = SupervisorConfig()
+        return cls.from_values(config.resolve(env))
+
+    @classmethod
+    def from_values(cls, v: Mapping[str, Any], **extra: Any) -> LauncherOptions:
+        """From ``config.resolve``'s result (which has checked every value)."""
         return cls(
             supervisor=SupervisorConfig(
-                preempt_grace=_float_env(env, PREEMPT_GRACE_ENV, defaults.preempt_grace),
-                kill_after=_float_env(env, KILL_AFTER_ENV, defaults.kill_after),
-                preempt_signals=parse_signals(
-                    env.get(PREEMPT_SIGNALS_ENV), PREEMPT_SIGNALS_ENV, defaults.preempt_signals
-                ),
-                preempt_file=env.get(envvars.PREEMPT_FILE) or None,
-                connect_timeout=_float_env(env, CONNECT_TIMEOUT_ENV, defaults.connect_timeout),
+                preempt_grace=v["preempt_grace"],
+                kill_after=v["kill_after"],
+                preempt_signals=v["preempt_signals"],
+                preempt_file=v["preempt_file"] or None,
+                connect_timeout=v["connect_timeout"],
             ),
-            dry_run=_flag_env(env, DRY_RUN_ENV),
-            requeue=_flag_env(env, REQUEUE_ENV),
+            dry_run=v["dry_run"],
+            requeue=v["requeue"],
+            **extra,
         )
 
 
-def _flag_env(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
+def parse_signals(raw: Optional[str], where: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``values.signals`` with a default for an empty value; errors name ``where``."""
     if raw is None or not raw.strip():
         return default
     try:
-        value = float(raw)
-    except ValueError:
-        raise LaunchError(f"environment variable {name}: expected seconds, got {raw!r}") from None
-    if value < 0:
-        raise LaunchError(f"environment variable {name}: must be >= 0, got {raw!r}")
-    return value
-
-
-def parse_signals(raw: Optional[str], where: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    """``"TERM,USR1"`` or SLURM's ``"USR1@90"`` (the ``@secs`` part is SLURM's
-    lead time and means nothing to us) into signal numbers."""
-    if raw is None or not raw.strip():
-        return default
-    out: list[int] = []
-    for item in raw.split(","):
-        name = item.split("@", 1)[0].strip().upper()
-        if not name:
-            continue
-        if name.isdigit():
-            number = int(name)
-        else:
-            try:
-                number = int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
-            except KeyError:
-                raise LaunchError(f"{where}: unknown signal {item.strip()!r}") from None
-        if number in (signal.SIGKILL, signal.SIGSTOP):
-            raise LaunchError(f"{where}: {item.strip()} cannot be caught")
-        out.append(number)
-    return tuple(out) or default
+        return values.signals(raw)
+    except ValueError as e:
+        raise LaunchError(f"{where}: {e}") from None
 
 
 def split_overrides(argv: Sequence[str], usage: str) -> BackendArgs:
@@ -144,6 +111,36 @@ def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def check_ports_free(info: ClusterInfo, runtime: JobRuntime) -> None:
+    """On the chief, fail fast when a port the job will listen on is taken.
+
+    torch would otherwise die with an ``EADDRINUSE`` traceback from every
+    worker. This is a check, not a reservation: the port is released again
+    at once, because torchrun and the control channel bind it themselves.
+    Ports a single-node job picked itself are fresh and are not checked.
+    """
+    if not info.is_chief:
+        return
+    what = (
+        (runtime.master_port, "torch's master port"),
+        (runtime.control_port, "the launchers' control channel"),
+        (runtime.dist_port, "DistributedContext"),
+    )
+    for port, purpose in what:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    continue
+                raise LaunchError(
+                    f"port {port} ({purpose}) is already in use on this host; set "
+                    f"{envvars.C10D_PORT} to a free port (the job uses {envvars.C10D_PORT}, "
+                    f"+1 and +2), or unset it on a single node to pick free ports"
+                ) from None
 
 
 def _ports(info: ClusterInfo, env: Mapping[str, str]) -> tuple[int, int, int]:
@@ -227,6 +224,8 @@ def run(
         if options.dry_run:
             print(plan.render())
             return 0
+        if env.get(envvars.C10D_PORT) or not info.single_node:
+            check_ports_free(info, runtime)
         status = supervise(plan, info, runtime, options.supervisor)
         if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
             requeue_slurm_job(env)

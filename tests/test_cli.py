@@ -39,7 +39,7 @@ def test_info_reports_detector_and_skipped_reasons() -> None:
 
 def test_usage_errors_exit_2_with_one_line() -> None:
     for args, message in [
-        (("--slots", "0", "torch", "x.py"), "--slots must be >= 1"),
+        (("--slots", "0", "torch", "x.py"), "--slots: expected an integer from 1 to 4096"),
         (("--preempt-signals", "NOPE", "torch", "x.py"), "unknown signal 'NOPE'"),
         (("torch",), "no command to run"),
         (("--detector", "nosuch", "info"), "unknown detector 'nosuch'"),

@@ -106,7 +106,7 @@ def test_local_default_and_slots() -> None:
     assert info.source == "local"
     gpus = get_cluster_info({"CUDA_VISIBLE_DEVICES": "0,1", "DET_INFO_DIR": "/nonexistent"})
     assert gpus.slots_per_node == 2
-    with pytest.raises(ClusterInfoError, match="DET_LAUNCH_SLOTS: expected a positive integer"):
+    with pytest.raises(ClusterInfoError, match="DET_LAUNCH_SLOTS: expected an integer from 1"):
         get_cluster_info({"DET_LAUNCH_SLOTS": "zero", "DET_INFO_DIR": "/nonexistent"})
 
 

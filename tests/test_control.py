@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from determined_launch.control import (
+from determined_launch.supervisor.control import (
     ChiefLink,
     ControlError,
     NodeLink,
@@ -111,7 +111,9 @@ def test_losing_a_node_is_reported(chief: ChiefLink) -> None:
     node = NodeLink("127.0.0.1", port_of(chief), 2, SECRET, connect_timeout=5)
     wait_for(lambda: chief.connected_nodes == {2})
     node.stream.sock.close()  # as if the launcher died
-    wait_for(lambda: {"type": "lost", "node": 2} in list(chief.inbox))
+    wait_for(lambda: any(m.get("type") == "lost" and m.get("node") == 2 for m in chief.inbox))
+    lost = [m for m in chief.inbox if m.get("type") == "lost"]
+    assert "was lost" in lost[0]["why"]
 
 
 def test_unreachable_chief_is_a_clear_error() -> None:

@@ -139,6 +139,10 @@ def test_store_restore_metadata_and_latest(tmp_path: pathlib.Path) -> None:
             ctx.checkpoint.get_metadata(second)
         with pytest.raises(ValueError, match="invalid checkpoint storage id"):
             ctx.checkpoint.get_metadata("../run")
+        # What a crashed save leaves behind is "not found", as documented.
+        with pytest.raises(FileNotFoundError, match="never committed"):
+            with ctx.checkpoint.restore_path(PARTIAL_PREFIX + "abc"):
+                pass
     assert not list((tmp_path / "checkpoints").glob(PARTIAL_PREFIX + "*"))
 
 

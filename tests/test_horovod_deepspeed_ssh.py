@@ -16,7 +16,7 @@ import pytest
 
 from determined_launch.backends import ssh
 from determined_launch.backends.plan import FileToWrite
-from determined_launch.supervise import write_private_file
+from determined_launch.supervisor import write_private_file
 from tests._hvdds_helpers import SECRET, make_facts, make_info, make_runtime, real_env
 from tests.conftest import free_port_block
 

@@ -25,6 +25,7 @@ def worker_env(info: ClusterInfo, runtime: JobRuntime) -> dict[str, str]:
         envvars.DIST_IPC_DIR: runtime.ipc_dir,
         envvars.PREEMPT_SIGNAL_FILE: runtime.preempt_signal_file,
         envvars.PREEMPT_ACK_FILE: runtime.preempt_ack_file,
+        envvars.PREEMPT_LISTEN_FILE: runtime.preempt_listen_file,
         envvars.WRAP_RANK_STATUS_DIR: runtime.status_dir,
     }
     if runtime.secret:

@@ -76,6 +76,10 @@ class JobRuntime:
     def preempt_ack_file(self) -> str:
         return os.path.join(self.job_dir, "preempt-acknowledged")
 
+    @property
+    def preempt_listen_file(self) -> str:
+        return os.path.join(self.job_dir, "preempt-listening")
+
 
 def render_env(env: Mapping[str, str]) -> str:
     """``K=V`` pairs for display; secrets are masked because dry runs end up in logs."""

@@ -41,7 +41,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from determined_launch import envvars
+from determined_launch import envvars, values
 from determined_launch.backends.plan import FileToWrite, JobRuntime, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
@@ -120,12 +120,11 @@ def pop_mode_flags(overrides: Sequence[str], environ: Mapping[str, str]) -> tupl
 
 
 def _bool_env(environ: Mapping[str, str], name: str) -> bool:
-    raw = environ.get(name, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise LaunchError(f"environment variable {name}: expected 1 or 0, got {raw!r}")
+    raw = environ.get(name, "").strip()
+    try:
+        return values.boolean(raw) if raw else False
+    except ValueError as e:
+        raise LaunchError(f"environment variable {name}: {e}") from None
 
 
 def ssh_port(environ: Mapping[str, str]) -> int:
@@ -142,14 +141,9 @@ def connect_timeout(environ: Mapping[str, str]) -> float:
     if not raw:
         return DEFAULT_CONNECT_TIMEOUT
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise LaunchError(
-            f"environment variable {CONNECT_TIMEOUT_ENV}: expected seconds > 0, got {raw!r}"
-        )
-    return value
+        return values.seconds(raw, positive=True)
+    except ValueError as e:
+        raise LaunchError(f"environment variable {CONNECT_TIMEOUT_ENV}: {e}") from None
 
 
 # --------------------------------------------------------------------- ed25519

@@ -9,11 +9,39 @@ the field.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from determined_launch import values
 from determined_launch.errors import ClusterInfoError
+
+#: Larger than any real cluster info file; bounds what a typo can cost.
+_MAX_FILE_BYTES = 16 * 1024 * 1024
+#: Integers in the file fit in 64 bits (ids, seeds, lengths).
+_MAX_INT = 2**63 - 1
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def is_host_address(text: str) -> bool:
+    """An IPv4/IPv6 address or an RFC 1123 host name (underscores tolerated,
+    as some schedulers use them)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    if len(text) > 253:
+        return False
+    return all(_HOST_LABEL.fullmatch(label) for label in text.rstrip(".").split("."))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
 
 _TOP_LEVEL_KEYS = {
     "container_addrs",
@@ -119,19 +147,31 @@ class ClusterInfo:
 
     @classmethod
     def from_json_file(cls, path: str, *, source: str) -> ClusterInfo:
+        where = f"cluster info file {path}"
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                raw = f.read(_MAX_FILE_BYTES + 1)
         except OSError as e:
-            raise ClusterInfoError(f"cluster info file {path}: cannot read: {e.strerror}") from None
+            raise ClusterInfoError(f"{where}: cannot read: {e.strerror}") from None
+        if len(raw) > _MAX_FILE_BYTES:
+            raise ClusterInfoError(f"{where}: larger than {_MAX_FILE_BYTES} bytes; not a "
+                                   "cluster info file?")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ClusterInfoError(
+                f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                "write it as UTF-8 JSON"
+            ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ClusterInfoError(
-                f"cluster info file {path}: invalid JSON at line {e.lineno} column {e.colno}: "
-                f"{e.msg}"
+                f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
             ) from None
-        return cls.from_mapping(data, source=source, where=f"cluster info file {path}")
+        except RecursionError:
+            raise ClusterInfoError(f"{where}: JSON nested too deeply") from None
+        return cls.from_mapping(data, source=source, where=where)
 
 
 class _Validator:
@@ -143,18 +183,25 @@ class _Validator:
     def fail(self, field: str, problem: str) -> ClusterInfoError:
         return ClusterInfoError(f"{self.where}: field '{field}': {problem}")
 
-    def integer(self, value: Any, field: str, *, minimum: Optional[int] = None) -> int:
+    def integer(
+        self, value: Any, field: str, *, minimum: Optional[int] = None, maximum: int = _MAX_INT
+    ) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"expected an integer, got {json.dumps(value)}")
+            raise self.fail(field, f"expected an integer, got {_short(value)}")
         if minimum is not None and value < minimum:
-            raise self.fail(field, f"must be >= {minimum}, got {value}")
+            raise self.fail(field, f"must be >= {minimum}, got {_short(value)}")
+        if value > maximum:
+            raise self.fail(field, f"must be <= {maximum}, got {_short(value)}")
         return value
 
-    def int_list(self, value: Any, field: str, *, minimum: int) -> tuple[int, ...]:
+    def int_list(
+        self, value: Any, field: str, *, minimum: int, maximum: int = _MAX_INT
+    ) -> tuple[int, ...]:
         if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-            raise self.fail(field, f"expected a list of integers, got {json.dumps(value)}")
+            raise self.fail(field, f"expected a list of integers, got {_short(value)}")
         return tuple(
-            self.integer(v, f"{field}[{i}]", minimum=minimum) for i, v in enumerate(value)
+            self.integer(v, f"{field}[{i}]", minimum=minimum, maximum=maximum)
+            for i, v in enumerate(value)
         )
 
     def required(self, data: Mapping[str, Any], field: str) -> Any:
@@ -178,6 +225,14 @@ class _Validator:
             if not isinstance(a, str) or not a.strip():
                 raise self.fail(f"container_addrs[{i}]", f"expected a host, got {json.dumps(a)}")
         addrs = tuple(a.strip() for a in addrs_raw)
+        if len(addrs) > values.MAX_NODES:
+            raise self.fail("container_addrs", f"{len(addrs)} nodes; at most {values.MAX_NODES}")
+        for i, a in enumerate(addrs):
+            if not is_host_address(a):
+                raise self.fail(
+                    f"container_addrs[{i}]",
+                    f"{json.dumps(a)} is not an IP address or host name",
+                )
 
         rank = self.integer(self.required(data, "container_rank"), "container_rank", minimum=0)
         if rank >= len(addrs):
@@ -186,7 +241,8 @@ class _Validator:
             )
 
         counts = self.int_list(
-            self.required(data, "container_slot_counts"), "container_slot_counts", minimum=1
+            self.required(data, "container_slot_counts"), "container_slot_counts", minimum=1,
+            maximum=values.MAX_SLOTS_PER_NODE,
         )
         if len(counts) != len(addrs):
             raise self.fail(
@@ -238,7 +294,8 @@ class _Validator:
         hparams = data.get("hparams", {})
         if not isinstance(hparams, Mapping):
             raise self.fail("trial.hparams", "expected an object")
-        seed = self.integer(data.get("trial_seed", 0), "trial.trial_seed", minimum=0)
+        seed = self.integer(data.get("trial_seed", 0), "trial.trial_seed", minimum=0,
+                            maximum=2**32 - 1)
         exp = data.get("experiment_id")
         if exp is not None:
             exp = self.integer(exp, "trial.experiment_id")

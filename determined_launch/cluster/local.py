@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 
+from determined_launch import values
 from determined_launch.cluster.base import Detection, Detector
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import ClusterInfoError
@@ -38,11 +39,10 @@ class LocalMachine(Detector):
     def detect(self, env: Mapping[str, str]) -> Detection:
         raw = env.get(SLOTS_ENV)
         if raw is not None and raw.strip():
-            if not raw.strip().isdigit() or int(raw) < 1:
-                raise ClusterInfoError(
-                    f"environment variable {SLOTS_ENV}: expected a positive integer, got {raw!r}"
-                )
-            slots = int(raw)
+            try:
+                slots = values.integer(raw, minimum=1, maximum=values.MAX_SLOTS_PER_NODE)
+            except ValueError as e:
+                raise ClusterInfoError(f"environment variable {SLOTS_ENV}: {e}") from None
         else:
             slots = count_visible_gpus(env) or 1
         return ClusterInfo.from_mapping(

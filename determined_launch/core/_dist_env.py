@@ -16,7 +16,7 @@ import stat
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from determined_launch import envvars
+from determined_launch import envvars, values
 from determined_launch.core._dist_chan import TRANSPORTS
 from determined_launch.core._dist_errors import DistributedConfigError
 
@@ -249,12 +249,10 @@ def resolve_timeout(timeout: Optional[float], env: Mapping[str, str]) -> Optiona
         if not raw:
             return None
         try:
-            timeout = float(raw)
-        except ValueError:
-            raise DistributedConfigError(
-                f"{envvars.DIST_TIMEOUT}={raw!r} is not a number of seconds"
-            ) from None
-    if timeout <= 0:
+            timeout = values.seconds(raw, positive=True)
+        except ValueError as e:
+            raise DistributedConfigError(f"{envvars.DIST_TIMEOUT}: {e}") from None
+    if not timeout > 0 or timeout == float("inf"):
         raise DistributedConfigError(f"DistributedContext timeout {timeout} must be positive")
     return timeout
 

@@ -207,6 +207,12 @@ class CheckpointContext:
     # --- reading -----------------------------------------------------------
 
     def _committed(self, storage_id: str) -> pathlib.Path:
+        if isinstance(storage_id, str) and storage_id.startswith(PARTIAL_PREFIX):
+            # What a crashed upload left: never a checkpoint (README, "Checkpoints").
+            raise FileNotFoundError(
+                f"checkpoint {storage_id!r} in {self._storage} was never committed "
+                "(left by an interrupted save); use a committed id, e.g. latest()"
+            )
         if not isinstance(storage_id, str) or not _STORAGE_ID_RE.fullmatch(storage_id):
             raise ValueError(f"invalid checkpoint storage id {storage_id!r}")
         path = self._storage / storage_id

@@ -139,6 +139,7 @@ class PreemptContext:
     ) -> PreemptContext:
         """Watch the files our launchers name in the worker environment."""
         env = os.environ if env is None else env
+        _announce_listening(env.get(envvars.PREEMPT_LISTEN_FILE))
         return cls(
             dist,
             preempt_mode,
@@ -292,3 +293,15 @@ class PreemptContext:
             return
         with open(self._ack_file, "a", encoding="utf-8") as f:
             f.write(f"rank {self._dist.rank}\n")
+
+
+def _announce_listening(path: Optional[str]) -> None:
+    """Tell this node's launcher that a worker watches for preemption, so a
+    preemption signal gives the workers their grace period instead of
+    stopping them at once."""
+    if not path:
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as e:
+        logger.warning("cannot tell the launcher this worker watches for preemption: %s", e)

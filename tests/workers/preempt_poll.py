@@ -11,6 +11,8 @@ import time
 rank = os.environ["RANK"]
 signal_file = os.environ["DET_PREEMPT_SIGNAL_FILE"]
 out_dir = os.environ["READY_DIR"]
+# Tell the launcher this worker watches for preemption (core.init does this).
+open(os.environ["DET_PREEMPT_LISTEN_FILE"], "w").close()
 open(os.path.join(out_dir, f"rank-{rank}"), "w").close()
 deadline = time.time() + 120
 while not os.path.exists(signal_file):

@@ -34,12 +34,19 @@ from determined_launch.errors import LaunchError
 
 logger = logging.getLogger("determined_launch.control")
 
+#: Seconds between two log lines about dropped lines; the rest are counted.
+_DROP_LOG_PERIOD = 10.0
+
 HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long is declared lost (its host died or hung).
 HEARTBEAT_TIMEOUT = 10.0
 _MAX_LINE = 64 * 1024
 
 Message = dict[str, Any]
+
+# How a lost launcher is described in the job's summary.
+_CLOSED = "was lost (its connection closed: the launcher was killed or crashed)"
+_SILENT = f"was lost (no heartbeat for {HEARTBEAT_TIMEOUT:g}s)"
 
 
 class ControlError(LaunchError):
@@ -97,11 +104,11 @@ class _AuthenticatedStream:
         try:
             mac, payload = raw.decode("ascii", errors="strict").split(" ", 1)
         except (UnicodeDecodeError, ValueError):
-            logger.warning("control channel: malformed line dropped; closing connection")
+            _DROPS.note("malformed")
             return None
         expected = self._mac(self.recv_dir, self.recv_seq, payload)
         if not hmac.compare_digest(mac, expected):
-            logger.warning("control channel: unauthenticated line dropped; closing connection")
+            _DROPS.note("unauthenticated")
             return None
         self.recv_seq += 1
         try:
@@ -115,6 +122,30 @@ class _AuthenticatedStream:
             self.sock.close()
         except OSError:
             pass
+
+
+class _DropLog:
+    """Logs dropped lines at most once per ``_DROP_LOG_PERIOD``, with a count,
+    so a port scanner or a fuzzer cannot flood the job's log."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.last = -_DROP_LOG_PERIOD
+
+    def note(self, kind: str) -> None:
+        with self.lock:
+            self.counts[kind] += 1
+            now = time.monotonic()
+            if now - self.last < _DROP_LOG_PERIOD:
+                return
+            self.last = now
+            what = ", ".join(f"{n} {k}" for k, n in sorted(self.counts.items()))
+            self.counts.clear()
+        logger.warning("control channel: dropped lines (%s); each closed its connection", what)
+
+
+_DROPS = _DropLog()
 
 
 def derive_key(secret: str) -> bytes:
@@ -201,32 +232,36 @@ class ChiefLink(ControlLink):
                 return
             self.streams[node] = stream
         self.inbox.append(hello)
-        self._pump(stream, node)
+        why = self._pump(stream, node)
         with self._lock:
             self.streams.pop(node, None)
         if not self._stop.is_set():
-            self.inbox.append({"type": "lost", "node": node})
+            self.inbox.append({"type": "lost", "node": node, "why": why})
 
-    def _pump(self, stream: _AuthenticatedStream, node: int) -> None:
+    def _pump(self, stream: _AuthenticatedStream, node: int) -> str:
+        """Serve one node until it leaves; returns how it was lost."""
         stream.sock.settimeout(0.5)
         last_heard = time.monotonic()
         while not self._stop.is_set():
             msgs = stream.recv_lines()
             if msgs is None:
-                break
+                stream.close()
+                return _CLOSED
             if msgs:
                 last_heard = time.monotonic()
             for msg in msgs:
                 if msg.get("type") == "bye":
                     stream.close()
-                    return
+                    return _CLOSED
                 if msg.get("type") != "heartbeat":
                     msg["node"] = node  # trust the authenticated connection, not the body
                     self.inbox.append(msg)
             if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
                 logger.warning("control channel: node %s silent for %.0fs", node, HEARTBEAT_TIMEOUT)
-                break
+                stream.close()
+                return _SILENT
         stream.close()
+        return _CLOSED
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL):
@@ -272,6 +307,7 @@ class NodeLink(ControlLink):
             self.inbox.append({"type": "lost", "node": 0})
             return
         last_heard = time.monotonic()
+        why = _CLOSED
         while not self._stop.is_set():
             msgs = self.stream.recv_lines()
             if msgs is None:
@@ -280,9 +316,10 @@ class NodeLink(ControlLink):
                 last_heard = time.monotonic()
             self.inbox.extend(m for m in msgs if m.get("type") != "heartbeat")
             if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
+                why = _SILENT
                 break
         if not self._stop.is_set():
-            self.inbox.append({"type": "lost", "node": 0})
+            self.inbox.append({"type": "lost", "node": 0, "why": why})
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL):

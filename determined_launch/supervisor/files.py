@@ -1,0 +1,21 @@
+"""Private files written for a job: never seen half-written."""
+
+from __future__ import annotations
+
+import os
+
+
+def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
+    """Write atomically (temp file + rename) so no reader sees half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

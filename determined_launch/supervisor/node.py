@@ -1,0 +1,275 @@
+"""One node's launcher loop: observe, ask the verdict, act.
+
+Each pass of the loop (woken by a signal, SIGCHLD included, or every 50 ms)
+turns what it sees into ``verdict`` events: signals, preemption files,
+wrap_rank's per-rank status files, process exits and messages from the other
+nodes' launchers. The verdict answers with actions, which this loop carries
+out. When the verdict is finished, the loop makes sure no descendant is left,
+prints the one summary line and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Optional
+
+from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.supervisor import verdict as v
+from determined_launch.supervisor.config import SupervisorConfig
+from determined_launch.supervisor.files import write_private_file
+from determined_launch.supervisor.processes import ProcessSet
+
+if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
+    from determined_launch.supervisor.control import ControlLink
+
+logger = logging.getLogger("determined_launch.supervise")
+
+_TICK = 0.05
+#: Forwarded to every process group without changing the job's state.
+_FORWARDED_SIGNALS = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2, signal.SIGWINCH)
+
+
+class Supervisor:
+    """Runs one node's plan until the job ends; ``run()`` returns the exit status."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        info: ClusterInfo,
+        runtime: JobRuntime,
+        config: Optional[SupervisorConfig] = None,
+    ) -> None:
+        config = config or SupervisorConfig()
+        self.plan = plan
+        self.info = info
+        self.runtime = runtime
+        self.config = config
+        self.processes = ProcessSet()
+        self.link: Optional[ControlLink] = None
+        self.signals: collections.deque[int] = collections.deque()
+        self.seen_status_files: set[str] = set()
+        role = (
+            v.Role.SINGLE if info.single_node else v.Role.CHIEF if info.is_chief else v.Role.NODE
+        )
+        self.verdict = v.Verdict(
+            v.Settings(
+                role=role,
+                node=info.container_rank,
+                hosts=tuple(info.container_addrs),
+                roles=tuple(p.role for p in plan.processes),
+                names=tuple(p.name for p in plan.processes),
+                preempt_signals=tuple(config.preempt_signals),
+                preempt_grace=config.preempt_grace,
+                kill_after=config.kill_after,
+                connect_timeout=config.connect_timeout,
+            ),
+            now=time.monotonic(),
+        )
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> int:
+        old_handlers = self._install_signal_handlers()
+        try:
+            self._prepare_files()
+            self.processes.become_subreaper()
+            self._open_control_link()
+            self.processes.start(self.plan.processes, self._process_env, self._ignored_signals())
+            self._watch()
+            # Status files written just before the last exit still count.
+            self._feed(self._status_files())
+            # Exit only once every process we started is gone, so the next
+            # command in a script never meets this job's workers.
+            self.processes.ensure_gone(self.config.kill_after)
+            status = self.verdict.result
+            if status is None:  # unreachable: _watch returns only when finished
+                status = 1
+            print(f"det-launch: {self.verdict.summary()}", file=sys.stderr, flush=True)
+            return status
+        finally:
+            self.processes.ensure_gone(self.config.kill_after)
+            if self.link is not None:
+                self.link.close()
+            self._restore_signal_handlers(old_handlers)
+
+    def _prepare_files(self) -> None:
+        for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        for f in self.plan.files:
+            write_private_file(f.path, f.content, f.mode)
+
+    def _open_control_link(self) -> None:
+        if self.info.single_node:
+            return
+        from determined_launch.supervisor.control import ChiefLink, NodeLink
+
+        secret = self.runtime.secret or ""
+        if self.info.is_chief:
+            self.link = ChiefLink(
+                self.info.chief_ip, self.runtime.control_port, self.info.num_nodes, secret
+            )
+        else:
+            self.link = NodeLink(
+                self.info.chief_ip,
+                self.runtime.control_port,
+                self.info.container_rank,
+                secret,
+                self.config.connect_timeout,
+            )
+
+    def _process_env(self, spec: ProcessSpec) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in self.plan.unset_env}
+        env.update(self.plan.env)
+        env.update(spec.env)
+        return env
+
+    def _ignored_signals(self) -> list[int]:
+        # SLURM delivers `scancel --signal=USR1` to every process of the step,
+        # not just to us. Children start with the non-TERM preemption signals
+        # ignored (SIG_IGN survives exec; wrap_rank does not forward ignored
+        # signals), so only the launcher reacts, and the workers checkpoint
+        # instead of dying. TERM keeps its default: it is also how we stop.
+        keep = (signal.SIGTERM, signal.SIGINT)
+        return [s for s in self.config.preempt_signals if s not in keep]
+
+    # ---------------------------------------------------------------- watch
+    def _watch(self) -> None:
+        while not self.verdict.finished:
+            timeout = _TICK
+            deadline = self.verdict.next_deadline()
+            if deadline is not None:
+                timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+            # Sleep until the next tick, or until a signal arrives (SIGCHLD
+            # included), so a worker's exit is seen at once.
+            select.select([self._wake_r], [], [], timeout)
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            self._feed(self._observe())
+            self._act(self.verdict.tick(time.monotonic(), time.time()))
+
+    def _observe(self) -> list[v.Event]:
+        """Everything that happened since the last pass. Acknowledgements
+        come before exits, so a clean exit after one reads as "preempted"."""
+        events: list[v.Event] = []
+        # Facts about the workers first: a signal read in the same pass must
+        # already know that they watch for preemption.
+        if not self.verdict.listening and os.path.exists(self.runtime.preempt_listen_file):
+            events.append(v.PreemptListening())
+        if not self.verdict.acked and os.path.exists(self.runtime.preempt_ack_file):
+            events.append(v.PreemptAcknowledged())
+        events.extend(v.SignalReceived(s) for s in self._drain_signals())
+        if self.link is not None:
+            inbox = self.link.inbox
+            while inbox:
+                events.append(v.PeerMessage(inbox.popleft()))
+        path = self.config.preempt_file
+        if path and self.verdict.phase == v.Phase.RUNNING and os.path.exists(path):
+            events.append(v.PreemptFileAppeared(path))
+        events.extend(self._status_files())
+        now = time.time()
+        events.extend(v.ProcessExited(i, status, now) for i, status in self.processes.poll())
+        return events
+
+    def _drain_signals(self) -> Iterable[int]:
+        while self.signals:
+            yield self.signals.popleft()
+
+    def _status_files(self) -> list[v.Event]:
+        try:
+            names = os.listdir(self.runtime.status_dir)
+        except OSError:
+            return []
+        out: list[v.Event] = []
+        for name in sorted(names):
+            if name in self.seen_status_files or not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.runtime.status_dir, name), encoding="utf-8") as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                continue  # being written (writers rename atomically, but be lenient)
+            self.seen_status_files.add(name)
+            status, rank, when = record.get("exit_status"), record.get("rank"), record.get("time")
+            if isinstance(status, int) and isinstance(rank, int):
+                t = float(when) if isinstance(when, (int, float)) else time.time()
+                out.append(v.RankExited(rank, status, t))
+        return out
+
+    def _feed(self, events: list[v.Event]) -> None:
+        for event in events:
+            self._act(self.verdict.handle(event, time.monotonic(), time.time()))
+
+    def _act(self, actions: list[v.Action]) -> None:
+        for action in actions:
+            if isinstance(action, v.SignalAll):
+                self.processes.signal_all(action.sig)
+            elif isinstance(action, v.SignalGroups):
+                self.processes.signal_groups(action.sig)
+            elif isinstance(action, v.WritePreemptSignal):
+                write_private_file(
+                    self.runtime.preempt_signal_file, json.dumps({"reason": action.reason})
+                )
+            elif isinstance(action, v.SendToChief):
+                self._send(action.msg)
+            elif isinstance(action, v.Broadcast):
+                self._broadcast(action.msg)
+            elif isinstance(action, v.Log):
+                logger.warning("det-launch: %s", action.text)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        from determined_launch.supervisor.control import NodeLink
+
+        if isinstance(self.link, NodeLink):
+            try:
+                self.link.send(message)
+            except OSError:
+                self.link.inbox.append({"type": "lost", "node": 0, "why": "was lost"})
+
+    def _broadcast(self, message: dict[str, Any]) -> None:
+        from determined_launch.supervisor.control import ChiefLink
+
+        if isinstance(self.link, ChiefLink):
+            self.link.broadcast(message)
+
+    # -------------------------------------------------------------- signals
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        old: dict[int, Any] = {}
+        wanted = set(self.config.preempt_signals) | {signal.SIGINT, signal.SIGTERM}
+        wanted |= set(_FORWARDED_SIGNALS)
+        for sig in wanted:
+            old[sig] = signal.signal(sig, lambda signum, _frame: self.signals.append(signum))
+        old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+        self._wake_r, wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(wake_w, False)
+        self._old_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        self._wake_w = wake_w
+        return old
+
+    def _restore_signal_handlers(self, old: dict[int, Any]) -> None:
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def supervise(
+    plan: LaunchPlan,
+    info: ClusterInfo,
+    runtime: JobRuntime,
+    config: Optional[SupervisorConfig] = None,
+) -> int:
+    """Run ``plan`` on this node and return the launcher's exit status."""
+    return Supervisor(plan, info, runtime, config).run()

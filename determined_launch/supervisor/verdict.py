@@ -1,0 +1,640 @@
+"""The supervisor's decisions as a pure state machine: events in, actions out.
+
+Nothing here touches a process, a file, a socket or the clock. The node loop
+(``node.py``) turns what it observes into events, calls ``Verdict.handle``
+and ``Verdict.tick`` with the current time, and carries out the actions
+they return. That split is what makes the hard questions testable one event
+order at a time:
+
+* *Who failed first?* Every failure report carries the wall-clock time the
+  failure happened. The verdict is the earliest **genuine** failure: one
+  that happened before we began to stop the job. A worker that dies after
+  our TERM or KILL (or after torchrun's own teardown, which follows the
+  first failure) never becomes the verdict while a genuine one is known.
+* *When do we exit?* Only when a result is decided **and** every process we
+  started has exited. Every phase other than ``RUNNING`` (where we wait for
+  the user's job itself) waits on something with a deadline: the grace
+  period, the KILL deadline (repeated until the processes are gone), the
+  chief's verdict, or a peer launcher whose heartbeat is watched.
+* *Interrupted or failed?* SIGINT (and a preemption signal when no worker
+  listens for preemption) stops the job with ``128 + signal``; it is a
+  *stop cause*, ranked below any genuine failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
+
+from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
+
+#: How long the chief waits after the first failure report for earlier ones
+#: still in flight from other nodes, so "first" means first in time.
+FAILURE_WINDOW = 0.5
+#: How long a non-chief node whose processes are gone waits for the chief's
+#: verdict before it exits with what it knows.
+DRAIN_WAIT = 3.0
+#: Between repeated KILLs of processes that are still not gone.
+KILL_REPEAT = 1.0
+
+Message = dict[str, Any]
+#: Exit statuses of processes stopped by a teardown (TERM, KILL, INT).
+_TEARDOWN_STATUSES = frozenset(128 + s for s in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT))
+
+
+def describe_status(status: int) -> str:
+    if status > 128:
+        try:
+            return f"was killed by {signal.Signals(status - 128).name} (status {status})"
+        except ValueError:
+            pass
+    return f"exited with status {status}"
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why the job stopped: a genuine failure, or an interruption.
+
+    ``time`` is wall-clock seconds when it happened (status files and
+    messages from other hosts carry it). ``how`` replaces the usual "exited
+    with status N" (a lost launcher, an expired grace period).
+    ``interrupt`` marks a stop someone asked for (SIGINT, an unheeded
+    preemption): never preferred over a genuine failure.
+    """
+
+    status: int
+    what: str
+    node: int
+    host: str
+    time: float
+    how: Optional[str] = None
+    interrupt: bool = False
+
+    def describe(self) -> str:
+        how = self.how or describe_status(self.status)
+        return f"{self.what} on node {self.node} ({self.host}) {how}"
+
+    def to_message(self) -> Message:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, msg: Mapping[str, Any]) -> Optional[Failure]:
+        try:
+            how = msg.get("how")
+            return cls(
+                status=int(msg["status"]),
+                what=str(msg["what"]),
+                node=int(msg["node"]),
+                host=str(msg["host"]),
+                time=float(msg["time"]),
+                how=None if how is None else str(how),
+                interrupt=bool(msg.get("interrupt", False)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def pick_cause(candidates: Sequence[Failure]) -> Optional[Failure]:
+    """The earliest genuine failure; else the earliest interruption."""
+    genuine = [f for f in candidates if not f.interrupt]
+    pool = genuine or list(candidates)
+    return min(pool, key=lambda f: f.time) if pool else None
+
+
+class Phase(enum.Enum):
+    RUNNING = "running"
+    PREEMPTING = "preempting"  # grace period: workers may checkpoint and exit
+    STOPPING = "stopping"  # TERM sent, KILL pending
+    DRAINING = "draining"  # local work done, waiting for the job's result
+    DONE = "done"
+
+
+class Role(enum.Enum):
+    SINGLE = "single"  # single-node job: no control channel
+    CHIEF = "chief"
+    NODE = "node"  # a non-chief node of a multi-node job
+
+
+# ----------------------------------------------------------------- events
+@dataclasses.dataclass(frozen=True)
+class ProcessExited:
+    """One of the plan's processes (``index`` into it) has exited."""
+
+    index: int
+    status: int
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RankExited:
+    """wrap_rank's status file: rank ``rank`` exited with ``status`` at ``time``."""
+
+    rank: int
+    status: int
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalReceived:
+    sig: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PreemptFileAppeared:
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PreemptListening:
+    """A worker on this node watches for preemption (``core.init`` did)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PreemptAcknowledged:
+    """A worker acknowledged the preemption: a clean exit means "resumable"."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerMessage:
+    """A message from another node's launcher (or a link event like "lost")."""
+
+    msg: Mapping[str, Any]
+
+
+Event = Union[
+    ProcessExited,
+    RankExited,
+    SignalReceived,
+    PreemptFileAppeared,
+    PreemptListening,
+    PreemptAcknowledged,
+    PeerMessage,
+]
+
+
+# ---------------------------------------------------------------- actions
+@dataclasses.dataclass(frozen=True)
+class SignalGroups:
+    """Send ``sig`` to each process group we started (as a terminal would)."""
+
+    sig: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalAll:
+    """Send ``sig`` to our process groups and every descendant."""
+
+    sig: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WritePreemptSignal:
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SendToChief:
+    msg: Message
+
+
+@dataclasses.dataclass(frozen=True)
+class Broadcast:
+    msg: Message
+
+
+@dataclasses.dataclass(frozen=True)
+class Log:
+    text: str
+
+
+Action = Union[SignalGroups, SignalAll, WritePreemptSignal, SendToChief, Broadcast, Log]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the verdict needs to know about this node and its options."""
+
+    role: Role
+    node: int
+    hosts: tuple[str, ...]
+    roles: tuple[str, ...]  # "worker" or "service", one per process of the plan
+    names: tuple[str, ...]  # how each process is named in the summary
+    preempt_signals: tuple[int, ...]
+    preempt_grace: float
+    kill_after: float
+    connect_timeout: float
+
+    @property
+    def host(self) -> str:
+        return self.hosts[self.node]
+
+    def addr(self, node: int) -> str:
+        return self.hosts[node] if 0 <= node < len(self.hosts) else "?"
+
+
+class Verdict:
+    """One node's supervision state. ``handle``/``tick`` return actions.
+
+    ``result`` is the exit status once decided; ``finished`` is true when it
+    is decided and every process has exited: then ``summary()`` is the line
+    to print.
+    """
+
+    def __init__(self, settings: Settings, now: float) -> None:
+        self.s = settings
+        self.phase = Phase.RUNNING
+        self.started_at = now
+        self.alive = set(range(len(settings.roles)))
+        self.worker_status: dict[int, int] = {}
+        self.candidates: list[Failure] = []
+        self.chief_cause: Optional[Failure] = None  # node: the chief's verdict
+        self.chief_failures = 0  # node: genuine failures the chief counted
+        self.decided_cause: Optional[Failure] = None  # chief: frozen once broadcast
+        self.result: Optional[int] = None
+        self.stop_wall: Optional[float] = None  # wall time the stop began
+        self.kill_at: Optional[float] = None
+        self.preempt_at: Optional[float] = None
+        self.window_ends: Optional[float] = None  # chief: failure window
+        self.drain_until: Optional[float] = None
+        self.listening = False
+        self.acked = False
+        self.chief_gone = False
+        self.connected: set[int] = set()
+        self.node_results: dict[int, int] = {}
+        self.stop_reason: Optional[str] = None
+        self.connect_checked = settings.role != Role.CHIEF
+        #: single node: the result is the cause's status and may still be
+        #: revised by a late report of an earlier genuine failure
+        self.result_from_cause = False
+
+    # -------------------------------------------------------------- queries
+    @property
+    def finished(self) -> bool:
+        return self.result is not None and not self.alive
+
+    @property
+    def cause(self) -> Optional[Failure]:
+        if self.decided_cause is not None:
+            return self.decided_cause
+        if self.chief_cause is not None:
+            return self.chief_cause
+        return pick_cause(self.candidates)
+
+    def next_deadline(self) -> Optional[float]:
+        """The earliest time at which ``tick`` will act, or None."""
+        times = [
+            t
+            for t in (self.kill_at, self.preempt_at, self.window_ends, self.drain_until)
+            if t is not None
+        ]
+        if not self.connect_checked and self.phase == Phase.RUNNING:
+            times.append(self.started_at + self.s.connect_timeout)
+        return min(times) if times else None
+
+    def waiting_on_peer(self) -> bool:
+        """Waiting for another launcher, whose silence the link turns into "lost"."""
+        return self.phase == Phase.DRAINING and self.s.role != Role.SINGLE and not self.chief_gone
+
+    def genuine_failures(self) -> int:
+        """How many failed, for the summary: ranks if ranks reported, else processes.
+
+        Deaths by the signals a teardown sends (torchrun stops the other
+        ranks after the first failure) are not counted, unless the verdict.
+        """
+        if self.s.role == Role.NODE and self.chief_cause is not None:
+            return self.chief_failures
+        cause = self.cause
+        genuine = [
+            f for f in self.candidates
+            if not f.interrupt and (f == cause or f.status not in _TEARDOWN_STATUSES)
+        ]
+        ranks = {(f.node, f.what) for f in genuine if f.what.startswith("rank ")}
+        return len(ranks) if ranks else len(genuine)
+
+    def summary(self) -> str:
+        status = self.result
+        nodes = f"{len(self.s.hosts)} node{'s' if len(self.s.hosts) > 1 else ''}"
+        cause = self.cause
+        if status == EXIT_OK:
+            return f"job succeeded on {nodes} (exit status 0)"
+        if status == EXIT_PREEMPTED and cause is None:
+            return (
+                f"job preempted after the workers acknowledged; resumable "
+                f"(exit status {EXIT_PREEMPTED})"
+            )
+        if cause is not None and cause.interrupt:
+            return f"job stopped: {cause.describe()}; exit status {status}"
+        if cause is not None:
+            n = self.genuine_failures()
+            more = f" ({n} ranks failed)" if n > 1 else ""
+            return f"job failed: {cause.describe()} first{more}; exit status {status}"
+        return f"job failed: {self.stop_reason or 'unknown reason'}; exit status {status}"
+
+    # --------------------------------------------------------------- events
+    def handle(self, event: Event, now: float, wall: float) -> list[Action]:
+        out: list[Action] = []
+        if isinstance(event, ProcessExited):
+            self._process_exited(event, now, wall, out)
+        elif isinstance(event, RankExited):
+            if event.status != 0:
+                what = f"rank {event.rank}"
+                self._note(Failure(event.status, what, self.s.node, self.s.host, event.time),
+                           now, wall, out)
+        elif isinstance(event, SignalReceived):
+            self._signal(event.sig, now, wall, out)
+        elif isinstance(event, PreemptFileAppeared):
+            self._request_preemption(f"saw the preemption file {event.path}", None, now, wall, out)
+        elif isinstance(event, PreemptListening):
+            self.listening = True
+        elif isinstance(event, PreemptAcknowledged):
+            self.acked = True
+        elif isinstance(event, PeerMessage):
+            if self.s.role == Role.CHIEF:
+                self._chief_message(event.msg, now, wall, out)
+            elif self.s.role == Role.NODE:
+                self._node_message(event.msg, now, wall, out)
+        self._progress(now, wall, out)
+        return out
+
+    def tick(self, now: float, wall: float) -> list[Action]:
+        """Act on deadlines that have passed."""
+        out: list[Action] = []
+        if self.window_ends is not None and now >= self.window_ends:
+            self._decide(now, wall, out)
+        grace_over = self.preempt_at is not None and now >= self.preempt_at
+        if self.phase == Phase.PREEMPTING and grace_over:
+            self.preempt_at = None
+            grace = f"{self.s.preempt_grace:g}s"
+            self._note(
+                Failure(128 + signal.SIGTERM, "workers", self.s.node, self.s.host, wall,
+                        how=f"did not stop within the preemption grace period of {grace}",
+                        interrupt=True),
+                now, wall, out,
+            )
+        if self.kill_at is not None and now >= self.kill_at and self.alive:
+            out.append(SignalAll(signal.SIGKILL))
+            self.kill_at = now + KILL_REPEAT
+        if self.drain_until is not None and now >= self.drain_until and self.result is None:
+            self.drain_until = None
+            self._set_result(self._local_status())
+        if not self.connect_checked and self.phase == Phase.RUNNING:
+            self._check_connected(now, wall, out)
+        self._progress(now, wall, out)
+        return out
+
+    # ------------------------------------------------------------ internals
+    def _process_exited(self, e: ProcessExited, now: float, wall: float, out: list[Action]) -> None:
+        if e.index not in self.alive:
+            return
+        self.alive.discard(e.index)
+        role = self.s.roles[e.index]
+        if role == "worker":
+            self.worker_status[e.index] = e.status
+        if e.status != 0:
+            self._note(Failure(e.status, self._name(e.index), self.s.node, self.s.host, e.time),
+                       now, wall, out)
+        elif role == "service" and not self._workers_succeeded() and self.phase in (
+            Phase.RUNNING, Phase.PREEMPTING
+        ):
+            self._note(Failure(1, self._name(e.index), self.s.node, self.s.host, e.time,
+                               how="(a service) exited early"), now, wall, out)
+
+    def _name(self, index: int) -> str:
+        return self.s.names[index]
+
+    def _workers_succeeded(self) -> bool:
+        workers = [i for i, r in enumerate(self.s.roles) if r == "worker"]
+        return all(self.worker_status.get(i) == 0 for i in workers)
+
+    def _signal(self, sig: int, now: float, wall: float, out: list[Action]) -> None:
+        stopping = self.phase in (Phase.STOPPING, Phase.DONE) or (
+            self.phase == Phase.DRAINING
+            and (self.result is not None or self.drain_until is not None)
+        )
+        if sig in (signal.SIGINT, signal.SIGTERM) and stopping:
+            # A second Ctrl-C (or TERM) while stopping: no more patience.
+            if self.alive:
+                out.append(SignalAll(signal.SIGKILL))
+                self.kill_at = now + KILL_REPEAT
+            return
+        if sig in self.s.preempt_signals:
+            if self.phase == Phase.PREEMPTING:
+                self._interrupt(sig, f"received a second {signal_name(sig)} during preemption", now,
+                                wall, out)
+            else:
+                self._request_preemption(f"received {signal_name(sig)}", sig, now, wall, out)
+        elif sig in (signal.SIGINT, signal.SIGTERM):
+            out.append(SignalGroups(sig))
+            self._interrupt(sig, None, now, wall, out)
+        else:
+            out.append(SignalGroups(sig))
+
+    def _interrupt(
+        self, sig: int, how: Optional[str], now: float, wall: float, out: list[Action]
+    ) -> None:
+        how = how or f"was interrupted by {signal_name(sig)}"
+        self._note(Failure(128 + sig, "the launcher", self.s.node, self.s.host, wall, how=how,
+                           interrupt=True), now, wall, out)
+        # From here on deaths are ours (we forward the signal), even while the
+        # chief still waits out its failure window before stopping.
+        if self.stop_wall is None:
+            self.stop_wall = wall
+
+    def _request_preemption(
+        self, reason: str, sig: Optional[int], now: float, wall: float, out: list[Action]
+    ) -> None:
+        if self.phase != Phase.RUNNING:
+            return
+        if not self.listening:
+            # Nothing on this node watches for preemption (a plain script):
+            # waiting a grace period would only delay the same stop.
+            how = f"{reason}; no worker watches for preemption, so the job stopped at once"
+            self._interrupt(sig or signal.SIGTERM, how, now, wall, out)
+            return
+        out.append(Log(f"the launcher {reason}; asking workers to checkpoint and exit"))
+        if self.s.role == Role.NODE:
+            out.append(SendToChief({"type": "preempt"}))
+        self._begin_preemption(reason, now, out)
+
+    def _begin_preemption(self, reason: str, now: float, out: list[Action]) -> None:
+        if self.phase != Phase.RUNNING:
+            return
+        self.phase = Phase.PREEMPTING
+        self.preempt_at = now + self.s.preempt_grace
+        out.append(WritePreemptSignal(reason))
+        if self.s.role == Role.CHIEF:
+            out.append(Broadcast({"type": "preempt"}))
+
+    def _note(self, f: Failure, now: float, wall: float, out: list[Action]) -> None:
+        """A failure (or interruption) report; deaths after our stop are ours."""
+        if self.stop_wall is not None and f.time >= self.stop_wall:
+            return
+        if self.decided_cause is not None or self.chief_cause is not None:
+            return
+        if self.result is not None and not self.result_from_cause:
+            return
+        if f.interrupt and any(c.interrupt for c in self.candidates):
+            return  # the first interruption is the one that counts
+        self.candidates.append(f)
+        if self.result_from_cause:
+            # A report that arrived late (a status file read after the last
+            # exit) but happened before the stop may still be the first.
+            self.result = self._local_status()
+        if self.s.role == Role.SINGLE:
+            self._begin_stop(f.describe(), now, wall, out)
+        elif self.s.role == Role.NODE:
+            out.append(SendToChief({"type": "failed", **f.to_message()}))
+            self._begin_stop(f.describe(), now, wall, out)
+        elif self.window_ends is None:
+            self.window_ends = now + FAILURE_WINDOW
+
+    def _decide(self, now: float, wall: float, out: list[Action]) -> None:
+        """Chief: the window is over; freeze the verdict and tell every node."""
+        self.window_ends = None
+        cause = pick_cause(self.candidates)
+        if cause is None or self.decided_cause is not None:
+            return
+        self.decided_cause = cause
+        count = self.genuine_failures()
+        out.append(Broadcast({"type": "abort", "failure": cause.to_message(), "failures": count}))
+        self._begin_stop(cause.describe(), now, wall, out)
+
+    def _begin_stop(self, reason: str, now: float, wall: float, out: list[Action]) -> None:
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return
+        self.stop_reason = self.stop_reason or reason
+        self.phase = Phase.STOPPING
+        self.preempt_at = None
+        if self.stop_wall is None:
+            self.stop_wall = wall
+        if self.alive:
+            out.append(SignalAll(signal.SIGTERM))
+            self.kill_at = now + self.s.kill_after
+
+    def _chief_message(self, msg: Mapping[str, Any], now: float, wall: float,
+                       out: list[Action]) -> None:
+        kind = msg.get("type")
+        node = _int(msg.get("node"), -1)
+        if kind == "hello":
+            self.connected.add(node)
+        elif kind == "failed":
+            f = Failure.from_message(msg)
+            if f is not None:
+                self._note(f, now, wall, out)
+        elif kind == "lost" and node not in self.node_results:
+            how = str(msg.get("why") or "was lost")
+            self._note(Failure(1, "the launcher", node, self.s.addr(node), wall, how=how),
+                       now, wall, out)
+        elif kind == "preempt":
+            self._request_preemption(f"was asked to preempt by node {node}", None, now, wall, out)
+        elif kind == "done":
+            self.node_results[node] = _int(msg.get("status"), 1)
+
+    def _node_message(self, msg: Mapping[str, Any], now: float, wall: float,
+                      out: list[Action]) -> None:
+        kind = msg.get("type")
+        if kind == "abort":
+            failure = msg.get("failure")
+            cause = Failure.from_message(failure) if isinstance(failure, Mapping) else None
+            self.chief_cause = cause or pick_cause(self.candidates) or Failure(
+                1, "the chief's launcher", 0, self.s.addr(0), wall, how="stopped the job")
+            self.chief_failures = _int(msg.get("failures"), 1)
+            self._begin_stop("the chief stopped the job", now, wall, out)
+            self._set_result(self.chief_cause.status)
+        elif kind == "preempt":
+            if self.listening:
+                self._begin_preemption("was asked to preempt by the chief", now, out)
+            else:
+                self._request_preemption("was asked to preempt by the chief", None, now, wall,
+                                         out)
+        elif kind == "finish":
+            self._set_result(_int(msg.get("status"), 1))
+            # A services-only node (ssh mode) ends with the chief's job.
+            self._begin_stop("the job finished on the chief", now, wall, out)
+        elif kind == "lost":
+            self.chief_gone = True
+            if self.phase in (Phase.RUNNING, Phase.PREEMPTING):
+                self._note(Failure(1, "the chief's launcher", 0, self.s.addr(0), wall,
+                                   how=str(msg.get("why") or "was lost")), now, wall, out)
+            elif self.result is None and not self.candidates:
+                self.candidates.append(Failure(1, "the chief's launcher", 0, self.s.addr(0), wall,
+                                               how=str(msg.get("why") or "was lost")))
+
+    def _check_connected(self, now: float, wall: float, out: list[Action]) -> None:
+        if now - self.started_at < self.s.connect_timeout:
+            return
+        self.connect_checked = True
+        missing = set(range(1, len(self.s.hosts))) - self.connected - set(self.node_results)
+        if missing:
+            node = min(missing)
+            self._note(Failure(1, "the launcher", node, self.s.addr(node), wall,
+                               how=f"never connected within {self.s.connect_timeout:g}s"),
+                       now, wall, out)
+
+    def _local_status(self) -> int:
+        cause = self.cause
+        if cause is not None:
+            return cause.status
+        return 1 if self.stop_reason else EXIT_OK
+
+    def _set_result(self, status: int) -> None:
+        if self.result is None:
+            self.result = status
+
+    def _progress(self, now: float, wall: float, out: list[Action]) -> None:
+        """Move on when the workers are done, or when everything has exited."""
+        if self.phase in (Phase.RUNNING, Phase.PREEMPTING) and self._workers_succeeded():
+            self._local_success(now, wall, out)
+        if self.s.role == Role.NODE and self.chief_gone and self.phase == Phase.DRAINING:
+            self._set_result(self._local_status())
+        if self.s.role == Role.CHIEF and self.phase == Phase.DRAINING and self.result is None:
+            if len(self.node_results) >= len(self.s.hosts):
+                status = EXIT_PREEMPTED if EXIT_PREEMPTED in self.node_results.values() else 0
+                out.append(Broadcast({"type": "finish", "status": status}))
+                self._set_result(status)
+                self._begin_stop("the job finished", now, wall, out)
+        if self.phase == Phase.STOPPING and not self.alive and self.result is None:
+            if self.s.role == Role.NODE and self.chief_cause is None and not self.chief_gone:
+                # Wait briefly for the chief's word on which rank failed first.
+                self.phase = Phase.DRAINING
+                self.drain_until = now + DRAIN_WAIT
+            elif self.s.role != Role.CHIEF or self.decided_cause is not None or not self.candidates:
+                self._set_result(self._local_status())
+                self.result_from_cause = self.s.role == Role.SINGLE
+        if self.result is not None and self.alive and self.phase != Phase.STOPPING:
+            self._begin_stop("the job's result is decided", now, wall, out)
+        if self.finished:
+            self.phase = Phase.DONE
+            self.kill_at = self.preempt_at = self.drain_until = self.window_ends = None
+
+    def _local_success(self, now: float, wall: float, out: list[Action]) -> None:
+        # Workers that acknowledged a preemption stopped so they can resume,
+        # whether the request came through us or from Python.
+        status = EXIT_PREEMPTED if self.acked else EXIT_OK
+        self.preempt_at = None
+        if self.s.role == Role.SINGLE:
+            self._set_result(status)
+            self._begin_stop("the job finished", now, wall, out)
+        elif self.s.role == Role.CHIEF:
+            self.node_results[0] = status
+            self.phase = Phase.DRAINING
+        else:
+            out.append(SendToChief({"type": "done", "status": status}))
+            self.phase = Phase.DRAINING
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,80 @@
+"""Parsers for option values, shared by every layer that reads one.
+
+One parser per kind of value, so a flag, its environment variable and the
+worker-side library that reads the same variable can never disagree (they
+did: ``DET_LAUNCH_DRY_RUN=off`` once meant "on"). Each raises ``ValueError``
+with a message that names the accepted values; callers prefix where the
+value came from.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+#: Bounds on a job's shape: beyond them a typo, not a cluster.
+MAX_SLOTS_PER_NODE = 4096
+MAX_NODES = 65536
+
+
+def boolean(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"expected one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}, "
+                     f"got {raw!r}")
+
+
+def seconds(raw: str, *, positive: bool = False) -> float:
+    """A finite, non-negative (or positive) number of seconds."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    bound = "> 0" if positive else ">= 0"
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"expected a finite number of seconds {bound}, got {raw!r}")
+    return value
+
+
+def integer(raw: str, *, minimum: int, maximum: int) -> int:
+    text = raw.strip()
+    if not re.fullmatch(r"[0-9]{1,12}", text) or not minimum <= int(text) <= maximum:
+        raise ValueError(f"expected an integer from {minimum} to {maximum}, got {raw!r}")
+    return int(text)
+
+
+def signals(raw: str) -> tuple[int, ...]:
+    """``"TERM,USR1"`` or SLURM's ``"USR1@90"`` (the ``@secs`` part is SLURM's
+    lead time and means nothing to us) into signal numbers."""
+    out: list[int] = []
+    for item in raw.split(","):
+        name = item.split("@", 1)[0].strip().upper()
+        if not name:
+            continue
+        try:
+            number = int(name) if name.isdigit() else int(
+                signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+            )
+            signal.Signals(number)
+        except (KeyError, ValueError):
+            raise ValueError(
+                f"unknown signal {item.strip()!r} (use names like TERM, USR1, USR2, HUP)"
+            ) from None
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"{item.strip()} cannot be caught, so it cannot request preemption")
+        out.append(number)
+    if not out:
+        raise ValueError(f"expected a list of signals like TERM,USR1, got {raw!r}")
+    return tuple(out)
+
+
+def choice(raw: str, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+    return raw
