@@ -24,6 +24,7 @@ from determined_launch.cluster.detect import detect, detector_names
 from determined_launch.errors import EXIT_USAGE, LaunchError
 from determined_launch.launcher import (
     LauncherOptions,
+    detection_env,
     main_for_backend,
     report_errors,
 )
@@ -64,9 +65,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _options(ns: argparse.Namespace) -> LauncherOptions:
     resolved = config.resolve(os.environ, config.flag_values(ns))
-    if resolved["slots"] is not None:
-        # The detectors read the slot count from the environment.
-        os.environ["DET_LAUNCH_SLOTS"] = str(resolved["slots"])
     return LauncherOptions.from_values(
         resolved, detector=ns.detector, disabled_detectors=tuple(ns.disable_detector)
     )
@@ -74,7 +72,8 @@ def _options(ns: argparse.Namespace) -> LauncherOptions:
 
 def info_command(options: LauncherOptions) -> int:
     """Print what was detected and why earlier detectors did not match."""
-    report = detect(force=options.detector, disable=options.disabled_detectors)
+    env = detection_env(options, os.environ)
+    report = detect(env, force=options.detector, disable=options.disabled_detectors)
     out = {
         "detector": report.info.source,
         "cluster_info": report.info.to_dict(),

@@ -27,6 +27,7 @@ from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
+from determined_launch.cluster.local import SLOTS_ENV
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
@@ -62,6 +63,8 @@ class LauncherOptions:
     dry_run: bool = False
     #: After an acknowledged preemption, ask SLURM to requeue the job.
     requeue: bool = False
+    #: Slots on this node (``--slots``/``DET_LAUNCH_SLOTS``), for the detectors.
+    slots: Optional[int] = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -80,6 +83,7 @@ class LauncherOptions:
             ),
             dry_run=v["dry_run"],
             requeue=v["requeue"],
+            slots=v["slots"],
             **extra,
         )
 
@@ -208,6 +212,14 @@ def make_runtime(info: ClusterInfo, env: Mapping[str, str]) -> JobRuntime:
     return runtime
 
 
+def detection_env(options: LauncherOptions, env: Mapping[str, str]) -> Mapping[str, str]:
+    """What the detectors read: ``env`` plus ``--slots``. Only the detectors
+    see the flag: launcher options never reach workers through ``os.environ``."""
+    if options.slots is None:
+        return env
+    return {**env, SLOTS_ENV: str(options.slots)}
+
+
 def run(
     build: BuildPlan,
     args: BackendArgs,
@@ -216,7 +228,8 @@ def run(
 ) -> int:
     """Detect, build, supervise; return the exit status. Raises LaunchError."""
     env = os.environ if env is None else env
-    info = detect(env, force=options.detector, disable=options.disabled_detectors).info
+    info = detect(detection_env(options, env), force=options.detector,
+                  disable=options.disabled_detectors).info
     refuse_nested_launch(info, env)
     runtime = make_runtime(info, env)
     try:

@@ -165,3 +165,26 @@ def test_valid_cluster_info_still_passes(tmp_path: Path) -> None:
     env = base_env(**_info(**GOOD)(tmp_path))
     r, _ = run_cli(["--dry-run", "torch", "--", "python", "-c", "pass"], env)
     assert r.returncode == 0, r.stderr
+
+
+def test_readme_options_table_matches_the_declaration() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `--")]
+    for option in config.OPTIONS:
+        if option.flag is None:
+            continue
+        row = next((r for r in rows if r.startswith(f"| `{option.flag}")), None)
+        assert row is not None, f"README's options table lacks {option.flag}"
+        assert f"`{option.env}`" in row, f"README names another variable for {option.flag}"
+
+
+def test_slots_flag_reaches_the_detector_but_not_the_workers(tmp_path: Path) -> None:
+    out = tmp_path / "env.txt"
+    script = f"import os; open({str(out)!r}, 'w').write(os.environ.get('DET_LAUNCH_SLOTS', '-'))"
+    r = subprocess.run(
+        [sys.executable, "-m", "determined_launch.cli", "--slots", "1", "torch", "--",
+         sys.executable, "-c", script],
+        env=base_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == "-"
