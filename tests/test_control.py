@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -124,3 +125,17 @@ def test_unreachable_chief_is_a_clear_error() -> None:
 def test_busy_port_is_a_clear_error(chief: ChiefLink) -> None:
     with pytest.raises(ControlError, match="set C10D_PORT to move them"):
         ChiefLink("127.0.0.1", port_of(chief), 2, SECRET)
+
+
+def test_dropped_lines_are_logged_at_most_once_per_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from determined_launch.supervisor import control
+
+    drops = control._DropLog()
+    with caplog.at_level(logging.WARNING, logger="determined_launch.control"):
+        for _ in range(500):
+            drops.note("malformed")
+    lines = [r for r in caplog.records if "dropped lines" in r.getMessage()]
+    assert len(lines) == 1 and "1 malformed" in lines[0].getMessage()
+    assert drops.counts["malformed"] == 499  # counted for the next line

@@ -45,13 +45,14 @@ def test_signal_stops_prompt_workers(
     assert launch.leftovers(settle=0.0) == []  # gone before the launcher exited
 
 
-def test_sigint_with_workers_that_ignore_it_ends_after_kill_after(
-    tmp_path: Path, launches: list[Launch]
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_with_workers_that_ignore_it_ends_after_kill_after(
+    tmp_path: Path, launches: list[Launch], sig: int, status: int
 ) -> None:
     launch, _ = start(tmp_path, launches, IGNORE_TERM="1")
     sent = time.monotonic()
-    launch.send_signal(signal.SIGINT)
-    assert launch.wait(60) == 130, launch.stderr
+    launch.send_signal(sig)
+    assert launch.wait(60) == status, launch.stderr
     elapsed = time.monotonic() - sent
     assert KILL_AFTER <= elapsed < KILL_AFTER + SLACK, elapsed
     assert launch.leftovers(settle=0.0) == []
@@ -68,10 +69,13 @@ def test_second_sigint_kills_at_once(tmp_path: Path, launches: list[Launch]) -> 
     assert launch.leftovers(settle=0.0) == []
 
 
-@pytest.mark.parametrize("target", [0, 1])
-@pytest.mark.parametrize("ignore", [False, True])
-def test_sigint_to_either_launcher_of_two_nodes_stops_both(
-    tmp_path: Path, launches: list[Launch], target: int, ignore: bool
+@pytest.mark.parametrize(
+    "sig,target,ignore",
+    [(signal.SIGINT, t, i) for t in (0, 1) for i in (False, True)]
+    + [(signal.SIGTERM, t, True) for t in (0, 1)],
+)
+def test_signal_to_either_launcher_of_two_nodes_stops_both(
+    tmp_path: Path, launches: list[Launch], sig: int, target: int, ignore: bool
 ) -> None:
     ready = tmp_path / "ready"
     ready.mkdir()
@@ -83,12 +87,13 @@ def test_sigint_to_either_launcher_of_two_nodes_stops_both(
     for rank in range(4):
         wait_for_file(ready / f"rank-{rank}", 120, f"rank {rank} running")
     sent = time.monotonic()
-    (chief, node1)[target].send_signal(signal.SIGINT)
+    (chief, node1)[target].send_signal(sig)
+    name = signal.Signals(sig).name
     for launch in (chief, node1):
-        assert launch.wait(60) == 130, launch.stderr
-        assert f"the launcher on node {target} (127.0.0.1) was interrupted by SIGINT" in (
-            launch.stderr
-        ), launch.stderr
+        assert launch.wait(60) == 128 + sig, launch.stderr
+        summary = launch.stderr.rstrip().splitlines()[-1]
+        assert f"det-launch: job stopped: the launcher on node {target} (127.0.0.1)" in summary
+        assert name in summary, summary
         assert launch.leftovers(settle=0.0) == []
     assert time.monotonic() - sent < KILL_AFTER + SLACK
 
