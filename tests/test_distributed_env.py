@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from determined_launch.cluster.hostlist import parse_task_counts
 from determined_launch.core import _dist_env
 from determined_launch.core._dist_env import Layout, detect
 from determined_launch.core.distributed import DistributedConfigError, DistributedContext
@@ -112,9 +115,10 @@ def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None
 
 
 def test_tasks_per_node_and_first_host() -> None:
-    assert _dist_env.expand_tasks_per_node("4(x2),3,1(x1)") == [4, 4, 3, 1]
-    assert _dist_env.first_host("node[001-004,9],other") == "node001"
-    assert _dist_env.first_host("single") == "single"
+    count = functools.partial(_dist_env._slurm, parse_task_counts, var="X")
+    assert count("4(x2),3,1(x1)") == [4, 4, 3, 1]
+    with pytest.raises(DistributedConfigError, match="X: cannot parse"):
+        count("4(x")
 
 
 def test_port_resolution_order() -> None:
@@ -165,3 +169,24 @@ def test_from_env_single_rank_layouts_need_no_sockets() -> None:
            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}  # fmt: skip
     ctx = DistributedContext.from_env(env=env)
     assert (ctx.size, ctx._links) == (1, [])
+
+
+@pytest.mark.parametrize("nodelist,chief", [
+    ("localhost", "localhost"),
+    ("localhost,node[001-004,9]", "localhost"),
+])
+def test_slurm_chief_is_the_first_host_of_the_one_hostlist_parser(
+    nodelist: str, chief: str
+) -> None:
+    assert _dist_env.slurm_chief({"SLURM_STEP_NODELIST": nodelist}) == chief
+
+
+def test_slurm_chief_that_does_not_resolve_fails_at_once_naming_it() -> None:
+    # r[1-2]n[1-2] starts with r1n1 (a regex "first host" said r1, which exists nowhere)
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "1(x2)",
+           "SLURM_JOB_NODELIST": "r[1-2]n[1-2].invalid", "DET_DIST_SECRET": "s" * 32}
+    started = time.monotonic()
+    with pytest.raises(DistributedConfigError, match=r"first host 'r1n1.invalid' \(the chief\)"):
+        DistributedContext.from_env(env=env)
+    assert time.monotonic() - started < 10  # not a connection timeout

@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import stat
 from collections.abc import Mapping
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from determined_launch import envvars, values
+from determined_launch.cluster.hostlist import expand_hostlist, lookup_address, parse_task_counts
 from determined_launch.core._dist_chan import TRANSPORTS
 from determined_launch.core._dist_errors import DistributedConfigError
+from determined_launch.errors import ClusterInfoError
 
 logger = logging.getLogger("determined_launch.core.distributed")
 
@@ -155,12 +156,11 @@ def read_slurm(env: Mapping[str, str]) -> Optional[Layout]:
     tasks_var = "SLURM_STEP_TASKS_PER_NODE" if "SLURM_STEP_TASKS_PER_NODE" in env else (
         "SLURM_TASKS_PER_NODE"
     )
-    per_node = expand_tasks_per_node(env.get(tasks_var, ""))
+    per_node = _slurm(parse_task_counts, env.get(tasks_var, ""), tasks_var)
     if node >= len(per_node):
         raise DistributedConfigError(
             f"{tasks_var}={env.get(tasks_var, '')!r} does not cover SLURM_NODEID={node}"
         )
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     size_var = "SLURM_NTASKS" if "SLURM_NTASKS" in env else "SLURM_NPROCS"
     return Layout(
         _int(env, "SLURM_PROCID"),
@@ -170,27 +170,44 @@ def read_slurm(env: Mapping[str, str]) -> Optional[Layout]:
         node,
         len(per_node),
         "slurm",
-        _chief(env, "MASTER_ADDR") or first_host(nodelist),
+        _chief(env, "MASTER_ADDR") or slurm_chief(env),
     )
 
 
-def expand_tasks_per_node(value: str) -> list[int]:
-    """SLURM's compressed task counts: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
-    out: list[int] = []
-    for item in filter(None, value.split(",")):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
-        if not m:
-            raise DistributedConfigError(f"cannot parse SLURM task counts {value!r}")
-        out += [int(m.group(1))] * int(m.group(2) or 1)
-    return out
-
-
-def first_host(nodelist: str) -> Optional[str]:
-    """The first host of a SLURM hostlist: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
-    m = re.match(r"([^,\[]+)(?:\[(\d+)[^\]]*\])?", nodelist.strip())
-    if not m:
+def slurm_chief(env: Mapping[str, str]) -> Optional[str]:
+    """The step's first host, expanded by the one hostlist parser the
+    launcher uses (``r[1-2]n[1-2]`` starts with ``r1n1``)."""
+    var = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+    nodelist = env.get(var, "")
+    if not nodelist.strip():
         return None
-    return m.group(1) + (m.group(2) or "")
+    return _slurm(expand_hostlist, nodelist, var)[0]
+
+
+def check_chief_resolves(layout: Layout, env: Mapping[str, str]) -> None:
+    """A non-chief node of a SLURM step dials the nodelist's first host:
+    say at once when that name does not resolve, instead of after a whole
+    timeout waiting for the chief's welcome."""
+    if layout.source != "slurm" or layout.cross_rank == 0 or not layout.chief_ip:
+        return
+    if env.get("MASTER_ADDR") or env.get(envvars.CHIEF_IP):
+        return
+    if lookup_address(layout.chief_ip) is None:
+        var = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+        raise DistributedConfigError(
+            f"{var}={env.get(var, '')!r}: its first host {layout.chief_ip!r} (the chief) does "
+            "not resolve on this host; set MASTER_ADDR to the chief's address"
+        )
+
+
+_T = TypeVar("_T")
+
+
+def _slurm(parse: Callable[[str, str], _T], value: str, var: str) -> _T:
+    try:
+        return parse(value, var)
+    except ClusterInfoError as e:
+        raise DistributedConfigError(str(e)) from None
 
 
 #: In order: a torchrun or DeepSpeed worker also sees its allocation's SLURM

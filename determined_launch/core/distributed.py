@@ -761,6 +761,8 @@ class DistributedContext:
             return cls(
                 rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, **kwargs
             )
+        if chief_ip is None:
+            _dist_env.check_chief_resolves(layout, env)
         return cls._from_layout(layout, chief_ip, env, kwargs)
 
     @classmethod
