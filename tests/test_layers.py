@@ -1,0 +1,97 @@
+"""Data flows one way (DESIGN.md): nothing lower imports anything higher.
+
+Every import in a module counts, including those inside functions: a lazy
+import that runs back up the layers is still a cycle waiting to happen.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "determined_launch"
+
+#: package (or module) -> what it must never import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    f"{PKG}.values": (PKG + ".",),
+    f"{PKG}.errors": (PKG + ".",),
+    f"{PKG}.envvars": (PKG + ".",),
+    f"{PKG}.cluster": (f"{PKG}.backends", f"{PKG}.supervisor", f"{PKG}.core", f"{PKG}.pytorch",
+                       f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
+    f"{PKG}.backends": (f"{PKG}.supervisor", f"{PKG}.core", f"{PKG}.pytorch",
+                        f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
+    f"{PKG}.supervisor": (f"{PKG}.core", f"{PKG}.pytorch", f"{PKG}.launcher", f"{PKG}.cli",
+                          f"{PKG}.config"),
+    f"{PKG}.core": (f"{PKG}.supervisor", f"{PKG}.backends", f"{PKG}.pytorch",
+                    f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
+    f"{PKG}.pytorch": (f"{PKG}.supervisor", f"{PKG}.backends", f"{PKG}.launcher",
+                       f"{PKG}.cli", f"{PKG}.config"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str = "") -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    name = name or module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base)
+                target = f"{prefix}.{node.module}" if node.module else prefix
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in (ROOT / PKG).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def rules_for(name: str) -> tuple[str, ...]:
+    for owner, forbidden in FORBIDDEN.items():
+        if name == owner or name.startswith(owner + "."):
+            return forbidden
+    return ()
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_import_runs_back_up_the_layers(path: Path) -> None:
+    name = module_name(path)
+    forbidden = rules_for(name)
+    bad = sorted(
+        imp for imp in imports_of(path)
+        if any(imp == f or imp.startswith(f if f.endswith(".") else f + ".") for f in forbidden)
+    )
+    assert not bad, f"{name} imports {bad}, which sit above it"
+
+
+def test_wrap_rank_imports_nothing_of_ours() -> None:
+    for path in sorted((ROOT / "wrap_rank").glob("*.py")):
+        assert not any(i.startswith(PKG) for i in imports_of(path)), path
+
+
+def test_the_rules_catch_a_violation(tmp_path: Path) -> None:
+    # The checker itself can fail: a core module importing the supervisor.
+    fake = ROOT / PKG / "core" / "_layers_probe.py"
+    assert rules_for(module_name(fake))
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from ..supervisor import node\n")
+    found = imports_of(probe, f"{PKG}.core._layers_probe")
+    assert "determined_launch.supervisor.node" in found
