@@ -23,13 +23,35 @@ order at a time:
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import signal
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
+from determined_launch.supervisor.events import (
+    _TEARDOWN_STATUSES,
+    Action,
+    Broadcast,
+    Event,
+    Failure,
+    Log,
+    PeerMessage,
+    Phase,
+    PreemptAcknowledged,
+    PreemptFileAppeared,
+    PreemptListening,
+    ProcessExited,
+    RankExited,
+    Role,
+    SendToChief,
+    Settings,
+    SignalAll,
+    SignalGroups,
+    SignalReceived,
+    WritePreemptSignal,
+    pick_cause,
+    signal_name,
+)
 
 #: How long the chief waits after the first failure report for earlier ones
 #: still in flight from other nodes, so "first" means first in time.
@@ -39,207 +61,6 @@ FAILURE_WINDOW = 0.5
 DRAIN_WAIT = 3.0
 #: Between repeated KILLs of processes that are still not gone.
 KILL_REPEAT = 1.0
-
-Message = dict[str, Any]
-#: Exit statuses of processes stopped by a teardown (TERM, KILL, INT).
-_TEARDOWN_STATUSES = frozenset(128 + s for s in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT))
-
-
-def describe_status(status: int) -> str:
-    if status > 128:
-        try:
-            return f"was killed by {signal.Signals(status - 128).name} (status {status})"
-        except ValueError:
-            pass
-    return f"exited with status {status}"
-
-
-def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """Why the job stopped: a genuine failure, or an interruption.
-
-    ``time`` is wall-clock seconds when it happened (status files and
-    messages from other hosts carry it). ``how`` replaces the usual "exited
-    with status N" (a lost launcher, an expired grace period).
-    ``interrupt`` marks a stop someone asked for (SIGINT, an unheeded
-    preemption): never preferred over a genuine failure.
-    """
-
-    status: int
-    what: str
-    node: int
-    host: str
-    time: float
-    how: Optional[str] = None
-    interrupt: bool = False
-
-    def describe(self) -> str:
-        how = self.how or describe_status(self.status)
-        return f"{self.what} on node {self.node} ({self.host}) {how}"
-
-    def to_message(self) -> Message:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_message(cls, msg: Mapping[str, Any]) -> Optional[Failure]:
-        try:
-            how = msg.get("how")
-            return cls(
-                status=int(msg["status"]),
-                what=str(msg["what"]),
-                node=int(msg["node"]),
-                host=str(msg["host"]),
-                time=float(msg["time"]),
-                how=None if how is None else str(how),
-                interrupt=bool(msg.get("interrupt", False)),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
-
-
-def pick_cause(candidates: Sequence[Failure]) -> Optional[Failure]:
-    """The earliest genuine failure; else the earliest interruption."""
-    genuine = [f for f in candidates if not f.interrupt]
-    pool = genuine or list(candidates)
-    return min(pool, key=lambda f: f.time) if pool else None
-
-
-class Phase(enum.Enum):
-    RUNNING = "running"
-    PREEMPTING = "preempting"  # grace period: workers may checkpoint and exit
-    STOPPING = "stopping"  # TERM sent, KILL pending
-    DRAINING = "draining"  # local work done, waiting for the job's result
-    DONE = "done"
-
-
-class Role(enum.Enum):
-    SINGLE = "single"  # single-node job: no control channel
-    CHIEF = "chief"
-    NODE = "node"  # a non-chief node of a multi-node job
-
-
-# ----------------------------------------------------------------- events
-@dataclasses.dataclass(frozen=True)
-class ProcessExited:
-    """One of the plan's processes (``index`` into it) has exited."""
-
-    index: int
-    status: int
-    time: float
-
-
-@dataclasses.dataclass(frozen=True)
-class RankExited:
-    """wrap_rank's status file: rank ``rank`` exited with ``status`` at ``time``."""
-
-    rank: int
-    status: int
-    time: float
-
-
-@dataclasses.dataclass(frozen=True)
-class SignalReceived:
-    sig: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PreemptFileAppeared:
-    path: str
-
-
-@dataclasses.dataclass(frozen=True)
-class PreemptListening:
-    """A worker on this node watches for preemption (``core.init`` did)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PreemptAcknowledged:
-    """A worker acknowledged the preemption: a clean exit means "resumable"."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PeerMessage:
-    """A message from another node's launcher (or a link event like "lost")."""
-
-    msg: Mapping[str, Any]
-
-
-Event = Union[
-    ProcessExited,
-    RankExited,
-    SignalReceived,
-    PreemptFileAppeared,
-    PreemptListening,
-    PreemptAcknowledged,
-    PeerMessage,
-]
-
-
-# ---------------------------------------------------------------- actions
-@dataclasses.dataclass(frozen=True)
-class SignalGroups:
-    """Send ``sig`` to each process group we started (as a terminal would)."""
-
-    sig: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SignalAll:
-    """Send ``sig`` to our process groups and every descendant."""
-
-    sig: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WritePreemptSignal:
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SendToChief:
-    msg: Message
-
-
-@dataclasses.dataclass(frozen=True)
-class Broadcast:
-    msg: Message
-
-
-@dataclasses.dataclass(frozen=True)
-class Log:
-    text: str
-
-
-Action = Union[SignalGroups, SignalAll, WritePreemptSignal, SendToChief, Broadcast, Log]
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """What the verdict needs to know about this node and its options."""
-
-    role: Role
-    node: int
-    hosts: tuple[str, ...]
-    roles: tuple[str, ...]  # "worker" or "service", one per process of the plan
-    names: tuple[str, ...]  # how each process is named in the summary
-    preempt_signals: tuple[int, ...]
-    preempt_grace: float
-    kill_after: float
-    connect_timeout: float
-
-    @property
-    def host(self) -> str:
-        return self.hosts[self.node]
-
-    def addr(self, node: int) -> str:
-        return self.hosts[node] if 0 <= node < len(self.hosts) else "?"
 
 
 class Verdict:
