@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from determined_launch import envvars
 from determined_launch.cluster.base import Detection, Detector, NoMatch
 from determined_launch.cluster.info import ClusterInfo
 
-ENV_VAR = "DET_CLUSTER_INFO_FILE"
+ENV_VAR = envvars.CLUSTER_INFO_FILE
 
 
 class ClusterInfoFile(Detector):
