@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from determined_launch.errors import LaunchError
+from determined_launch.supervisor.events import Kind, Message, message
 
 logger = logging.getLogger("determined_launch.control")
 
@@ -41,8 +42,6 @@ HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long is declared lost (its host died or hung).
 HEARTBEAT_TIMEOUT = 10.0
 _MAX_LINE = 64 * 1024
-
-Message = dict[str, Any]
 
 # How a lost launcher is described in the job's summary.
 _CLOSED = "was lost (its connection closed: the launcher was killed or crashed)"
@@ -158,8 +157,8 @@ class ControlLink:
     thread-safe.
 
     ``node`` in every message is the sender's container rank; the chief adds
-    ``{"type": "lost", "node": N}`` to its inbox when a node disconnects or
-    goes silent, and a node adds ``{"type": "lost", "node": 0}`` when the
+    a ``Kind.LOST`` message (``node``, ``why``) to its inbox when a node disconnects or
+    goes silent, and a node adds one for node 0 when the
     chief does.
     """
 
@@ -218,7 +217,7 @@ class ChiefLink(ControlLink):
             stream.close()
             return
         node = hello.get("node") if hello else None
-        if not hello or hello.get("type") != "hello" or not isinstance(node, int):
+        if not hello or hello.get("type") != Kind.HELLO or not isinstance(node, int):
             stream.close()
             return
         if not 0 < node < self.num_nodes:
@@ -236,7 +235,7 @@ class ChiefLink(ControlLink):
         with self._lock:
             self.streams.pop(node, None)
         if not self._stop.is_set():
-            self.inbox.append({"type": "lost", "node": node, "why": why})
+            self.inbox.append(message(Kind.LOST, node=node, why=why))
 
     def _pump(self, stream: _AuthenticatedStream, node: int) -> str:
         """Serve one node until it leaves; returns how it was lost."""
@@ -250,10 +249,10 @@ class ChiefLink(ControlLink):
             if msgs:
                 last_heard = time.monotonic()
             for msg in msgs:
-                if msg.get("type") == "bye":
+                if msg.get("type") == Kind.BYE:
                     stream.close()
                     return _CLOSED
-                if msg.get("type") != "heartbeat":
+                if msg.get("type") != Kind.HEARTBEAT:
                     msg["node"] = node  # trust the authenticated connection, not the body
                     self.inbox.append(msg)
             if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
@@ -265,7 +264,7 @@ class ChiefLink(ControlLink):
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL):
-            self.broadcast({"type": "heartbeat"})
+            self.broadcast(message(Kind.HEARTBEAT))
 
     def broadcast(self, message: Message) -> None:
         with self._lock:
@@ -296,7 +295,7 @@ class NodeLink(ControlLink):
     ) -> None:
         super().__init__(node_rank, secret)
         self.stream = _connect(chief_host, port, self.key, connect_timeout)
-        self.stream.send({"type": "hello", "node": node_rank})
+        self.stream.send(message(Kind.HELLO, node=node_rank))
         self._spawn(self._pump)
         self._spawn(self._heartbeat_loop)
 
@@ -304,7 +303,7 @@ class NodeLink(ControlLink):
         try:
             self.stream.sock.settimeout(0.5)
         except OSError:  # closed under us
-            self.inbox.append({"type": "lost", "node": 0})
+            self.inbox.append(message(Kind.LOST, node=0, why=_CLOSED))
             return
         last_heard = time.monotonic()
         why = _CLOSED
@@ -314,17 +313,17 @@ class NodeLink(ControlLink):
                 break
             if msgs:
                 last_heard = time.monotonic()
-            self.inbox.extend(m for m in msgs if m.get("type") != "heartbeat")
+            self.inbox.extend(m for m in msgs if m.get("type") != Kind.HEARTBEAT)
             if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
                 why = _SILENT
                 break
         if not self._stop.is_set():
-            self.inbox.append({"type": "lost", "node": 0, "why": why})
+            self.inbox.append(message(Kind.LOST, node=0, why=why))
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL):
             try:
-                self.send({"type": "heartbeat"})
+                self.send(message(Kind.HEARTBEAT))
             except OSError:
                 return
 
@@ -334,7 +333,7 @@ class NodeLink(ControlLink):
     def close(self) -> None:
         super().close()
         try:
-            self.stream.send({"type": "bye"})
+            self.stream.send(message(Kind.BYE))
         except OSError:
             pass
         self.stream.close()

@@ -11,6 +11,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
 Message = dict[str, Any]
+
+
+class Kind(str, enum.Enum):
+    """The ``type`` of every control-channel message (a ``str``, so it is
+    its own JSON encoding and compares equal to the decoded string)."""
+
+    HELLO = "hello"  # node -> chief, first line of a connection
+    HEARTBEAT = "heartbeat"
+    BYE = "bye"  # a clean goodbye: the peer is closing on purpose
+    FAILED = "failed"  # node -> chief: a failure (or interruption) report
+    PREEMPT = "preempt"  # either way: preemption requested
+    DONE = "done"  # node -> chief: this node's workers finished (status)
+    ABORT = "abort"  # chief -> nodes: stop; the verdict and the failure count
+    FINISH = "finish"  # chief -> nodes: the job is over (status)
+    LOST = "lost"  # put in the inbox by the link itself: a peer vanished (why)
+
+
+def message(kind: Kind, **fields: Any) -> Message:
+    return {"type": kind.value, **fields}
 #: Exit statuses of processes stopped by a teardown (TERM, KILL, INT).
 _TEARDOWN_STATUSES = frozenset(128 + s for s in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT))
 

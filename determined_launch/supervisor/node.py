@@ -234,7 +234,8 @@ class Supervisor:
             try:
                 self.link.send(message)
             except OSError:
-                self.link.inbox.append({"type": "lost", "node": 0, "why": "was lost"})
+                why = "was lost (sending to it failed)"
+                self.link.inbox.append(v.message(v.Kind.LOST, node=0, why=why))
 
     def _broadcast(self, message: dict[str, Any]) -> None:
         from determined_launch.supervisor.control import ChiefLink

@@ -34,6 +34,7 @@ from determined_launch.supervisor.events import (
     Broadcast,
     Event,
     Failure,
+    Kind,
     Log,
     PeerMessage,
     Phase,
@@ -49,6 +50,7 @@ from determined_launch.supervisor.events import (
     SignalGroups,
     SignalReceived,
     WritePreemptSignal,
+    message,
     pick_cause,
     signal_name,
 )
@@ -284,7 +286,7 @@ class Verdict:
             return
         out.append(Log(f"the launcher {reason}; asking workers to checkpoint and exit"))
         if self.s.role == Role.NODE:
-            out.append(SendToChief({"type": "preempt"}))
+            out.append(SendToChief(message(Kind.PREEMPT)))
         self._begin_preemption(reason, now, out)
 
     def _begin_preemption(self, reason: str, now: float, out: list[Action]) -> None:
@@ -294,7 +296,7 @@ class Verdict:
         self.preempt_at = now + self.s.preempt_grace
         out.append(WritePreemptSignal(reason))
         if self.s.role == Role.CHIEF:
-            out.append(Broadcast({"type": "preempt"}))
+            out.append(Broadcast(message(Kind.PREEMPT)))
 
     def _note(self, f: Failure, now: float, wall: float, out: list[Action]) -> None:
         """A failure (or interruption) report; deaths after our stop are ours."""
@@ -314,7 +316,7 @@ class Verdict:
         if self.s.role == Role.SINGLE:
             self._begin_stop(f.describe(), now, wall, out)
         elif self.s.role == Role.NODE:
-            out.append(SendToChief({"type": "failed", **f.to_message()}))
+            out.append(SendToChief(message(Kind.FAILED, **f.to_message())))
             self._begin_stop(f.describe(), now, wall, out)
         elif self.window_ends is None:
             self.window_ends = now + FAILURE_WINDOW
@@ -327,7 +329,7 @@ class Verdict:
             return
         self.decided_cause = cause
         count = self.genuine_failures()
-        out.append(Broadcast({"type": "abort", "failure": cause.to_message(), "failures": count}))
+        out.append(Broadcast(message(Kind.ABORT, failure=cause.to_message(), failures=count)))
         self._begin_stop(cause.describe(), now, wall, out)
 
     def _begin_stop(self, reason: str, now: float, wall: float, out: list[Action]) -> None:
@@ -346,25 +348,25 @@ class Verdict:
                        out: list[Action]) -> None:
         kind = msg.get("type")
         node = _int(msg.get("node"), -1)
-        if kind == "hello":
+        if kind == Kind.HELLO:
             self.connected.add(node)
-        elif kind == "failed":
+        elif kind == Kind.FAILED:
             f = Failure.from_message(msg)
             if f is not None:
                 self._note(f, now, wall, out)
-        elif kind == "lost" and node not in self.node_results:
+        elif kind == Kind.LOST and node not in self.node_results:
             how = str(msg.get("why") or "was lost")
             self._note(Failure(1, "the launcher", node, self.s.addr(node), wall, how=how),
                        now, wall, out)
-        elif kind == "preempt":
+        elif kind == Kind.PREEMPT:
             self._request_preemption(f"was asked to preempt by node {node}", None, now, wall, out)
-        elif kind == "done":
+        elif kind == Kind.DONE:
             self.node_results[node] = _int(msg.get("status"), 1)
 
     def _node_message(self, msg: Mapping[str, Any], now: float, wall: float,
                       out: list[Action]) -> None:
         kind = msg.get("type")
-        if kind == "abort":
+        if kind == Kind.ABORT:
             failure = msg.get("failure")
             cause = Failure.from_message(failure) if isinstance(failure, Mapping) else None
             self.chief_cause = cause or pick_cause(self.candidates) or Failure(
@@ -372,17 +374,17 @@ class Verdict:
             self.chief_failures = _int(msg.get("failures"), 1)
             self._begin_stop("the chief stopped the job", now, wall, out)
             self._set_result(self.chief_cause.status)
-        elif kind == "preempt":
+        elif kind == Kind.PREEMPT:
             if self.listening:
                 self._begin_preemption("was asked to preempt by the chief", now, out)
             else:
                 self._request_preemption("was asked to preempt by the chief", None, now, wall,
                                          out)
-        elif kind == "finish":
+        elif kind == Kind.FINISH:
             self._set_result(_int(msg.get("status"), 1))
             # A services-only node (ssh mode) ends with the chief's job.
             self._begin_stop("the job finished on the chief", now, wall, out)
-        elif kind == "lost":
+        elif kind == Kind.LOST:
             self.chief_gone = True
             if self.phase in (Phase.RUNNING, Phase.PREEMPTING):
                 self._note(Failure(1, "the chief's launcher", 0, self.s.addr(0), wall,
@@ -421,7 +423,7 @@ class Verdict:
         if self.s.role == Role.CHIEF and self.phase == Phase.DRAINING and self.result is None:
             if len(self.node_results) >= len(self.s.hosts):
                 status = EXIT_PREEMPTED if EXIT_PREEMPTED in self.node_results.values() else 0
-                out.append(Broadcast({"type": "finish", "status": status}))
+                out.append(Broadcast(message(Kind.FINISH, status=status)))
                 self._set_result(status)
                 self._begin_stop("the job finished", now, wall, out)
         if self.phase == Phase.STOPPING and not self.alive and self.result is None:
@@ -450,7 +452,7 @@ class Verdict:
             self.node_results[0] = status
             self.phase = Phase.DRAINING
         else:
-            out.append(SendToChief({"type": "done", "status": status}))
+            out.append(SendToChief(message(Kind.DONE, status=status)))
             self.phase = Phase.DRAINING
 
 
