@@ -256,6 +256,9 @@ def requeue_slurm_job(env: Mapping[str, str]) -> bool:
         print("det-launch: --requeue: not in a SLURM job (SLURM_JOB_ID unset); not requeued",
               file=sys.stderr)
         return False
+    # Said first: the requeue ends this step, and SLURM may stop us before
+    # scontrol even returns.
+    print(f"det-launch: requeueing SLURM job {job_id}", file=sys.stderr, flush=True)
     try:
         result = subprocess.run(
             ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
@@ -268,7 +271,6 @@ def requeue_slurm_job(env: Mapping[str, str]) -> bool:
         print(f"det-launch: --requeue: scontrol requeue {job_id} failed: "
               f"{why[-1] if why else result.returncode}", file=sys.stderr)
         return False
-    print(f"det-launch: requeued SLURM job {job_id}", file=sys.stderr, flush=True)
     return True
 
 

@@ -231,7 +231,7 @@ def test_requeue_after_acknowledged_preemption(cluster: SlurmCluster, tmp_path: 
             time.sleep(0.5)
         assert "Restarts=1" in shown, shown + cluster.logs()
         out = (tmp_path / f"out-{job_id}.txt").read_text()
-        assert f"det-launch: requeued SLURM job {job_id}" in out, out
+        assert f"det-launch: requeueing SLURM job {job_id}" in out, out
         # Requeueing ends the batch script and the step at once, so the chief's
         # summary (printed before it requeues) is the record of the status;
         # node 1's may or may not make it out first.

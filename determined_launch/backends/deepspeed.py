@@ -251,7 +251,7 @@ def build_plan(
     else:
         return _ssh_plan(info, runtime, facts, opts, env, files, common, args.script)
     return LaunchPlan(
-        processes=(ProcessSpec(argv=tuple(argv), name="deepspeed"),),
+        processes=(ProcessSpec(argv=tuple(argv), name="deepspeed", tool=True),),
         env=env,
         files=tuple(files),
         unset_env=unset,
@@ -294,7 +294,7 @@ def _ssh_plan(
             *wrap_rank_argv(runtime, "RANK"),
             *script,
         ]
-        procs.append(ProcessSpec(argv=tuple(argv), name="deepspeed"))
+        procs.append(ProcessSpec(argv=tuple(argv), name="deepspeed", tool=True))
     shared = {k: v for k, v in env.items() if k not in ssh.NODE_LOCAL_VARS}
     shared["PATH"] = ssh.client_path(runtime, facts.environ)
     return LaunchPlan(

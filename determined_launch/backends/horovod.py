@@ -205,7 +205,7 @@ def _horovodrun_plan(
             *argv,
         ]
     return LaunchPlan(
-        processes=(ProcessSpec(argv=tuple(argv), name="horovodrun"),),
+        processes=(ProcessSpec(argv=tuple(argv), name="horovodrun", tool=True),),
         env=env,
         files=(ssh.node_env_file(runtime, full), *extra_files),
         # As Determined does: with SLURM_JOBID set, OpenMPI (if horovodrun

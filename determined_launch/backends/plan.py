@@ -100,12 +100,18 @@ class ProcessSpec:
       runs until they are done; ``supervise`` then stops it. A service that
       exits early fails the job. A node whose plan has only services (a
       non-chief node in ssh mode) is done when the chief's job ends.
+
+    ``tool`` marks a framework launcher (torchrun, horovodrun, deepspeed)
+    whose children are the workers: signals meant for the job go to its
+    workers, and a stop kills it outright once they have their TERM (its
+    own teardown adds about a second and a traceback, nothing more).
     """
 
     argv: tuple[str, ...]
     name: str
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     role: str = "worker"
+    tool: bool = False
 
     def render(self) -> str:
         return f"{render_env(self.env)} {shlex.join(self.argv)}".strip()

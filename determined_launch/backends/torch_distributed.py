@@ -75,7 +75,8 @@ def build_plan(info: ClusterInfo, runtime: JobRuntime, args: BackendArgs) -> Lau
     env[envvars.USE_TORCH_DISTRIBUTED] = "true"
     return LaunchPlan(
         processes=(
-            ProcessSpec(argv=tuple(torchrun_argv(info, runtime, args)), name="torchrun"),
+            ProcessSpec(argv=tuple(torchrun_argv(info, runtime, args)), name="torchrun",
+                        tool=True),
         ),
         env=env,
         unset_env=PARENT_TORCHRUN_VARS,

@@ -57,6 +57,7 @@ class Supervisor:
         self.link: Optional[ControlLink] = None
         self.signals: collections.deque[int] = collections.deque()
         self.seen_status_files: set[str] = set()
+        self._term_sent_at: Optional[float] = None  # when the stop's TERM went out
         role = (
             v.Role.SINGLE if info.single_node else v.Role.CHIEF if info.is_chief else v.Role.NODE
         )
@@ -84,11 +85,11 @@ class Supervisor:
             self._open_control_link()
             self.processes.start(self.plan.processes, self._process_env, self._ignored_signals())
             self._watch()
-            # Status files written just before the last exit still count.
-            self._feed(self._status_files())
             # Exit only once every process we started is gone, so the next
             # command in a script never meets this job's workers.
-            self.processes.ensure_gone(self.config.kill_after)
+            self._drain_descendants()
+            # Status files written just before the last exit still count.
+            self._feed(self._status_files())
             status = self.verdict.result
             if status is None:  # unreachable: _watch returns only when finished
                 status = 1
@@ -150,13 +151,36 @@ class Supervisor:
             # Sleep until the next tick, or until a signal arrives (SIGCHLD
             # included), so a worker's exit is seen at once.
             select.select([self._wake_r], [], [], timeout)
-            try:
-                while os.read(self._wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
+            self._clear_wakeups()
             self._feed(self._observe())
             self._act(self.verdict.tick(time.monotonic(), time.time()))
+
+    def _drain_descendants(self) -> None:
+        """Wait for what outlived the plan's processes (the workers of a
+        framework launcher that a stop killed), still answering signals:
+        TERM was sent when the stop began, KILL follows ``kill_after`` after
+        it, and a second Ctrl-C or TERM kills at once."""
+        deadline = (self._term_sent_at or time.monotonic()) + self.config.kill_after
+        while self.processes.live_descendants():
+            if self._term_sent_at is None:
+                self.processes.signal_all(signal.SIGTERM)
+                self._term_sent_at = time.monotonic()
+                deadline = self._term_sent_at + self.config.kill_after
+            hurry = any(s in (signal.SIGINT, signal.SIGTERM) for s in self._drain_signals())
+            if hurry or time.monotonic() >= deadline:
+                self.processes.signal_all(signal.SIGKILL)
+                deadline = time.monotonic() + v.KILL_REPEAT
+            select.select([self._wake_r], [], [], _TICK)
+            self._clear_wakeups()
+            self.processes.reap()
+        self.processes.reap()
+
+    def _clear_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
 
     def _observe(self) -> list[v.Event]:
         """Everything that happened since the last pass. Acknowledgements
@@ -214,6 +238,8 @@ class Supervisor:
         for action in actions:
             if isinstance(action, v.SignalAll):
                 self.processes.signal_all(action.sig)
+                if action.sig == signal.SIGTERM and self._term_sent_at is None:
+                    self._term_sent_at = time.monotonic()
             elif isinstance(action, v.SignalGroups):
                 self.processes.signal_groups(action.sig)
             elif isinstance(action, v.WritePreemptSignal):

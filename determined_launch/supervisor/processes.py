@@ -50,6 +50,9 @@ class ProcessSet:
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
+        #: framework launchers (``ProcessSpec.tool``): signals go to their
+        #: workers, not to them; a stop kills them (``signal_all``)
+        self.tool_pids: set[int] = set()
         self._reported: set[int] = set()
         self._prctl = _libc_prctl()
 
@@ -88,6 +91,8 @@ class ProcessSet:
             except OSError as e:
                 raise LaunchError(f"cannot start {spec.name} ({spec.argv[0]}): {e}") from None
             self.procs.append(proc)
+            if spec.tool:
+                self.tool_pids.add(proc.pid)
 
     def poll(self) -> list[tuple[int, int]]:
         """``(index, exit status)`` of processes that exited since the last call."""
@@ -102,18 +107,44 @@ class ProcessSet:
         return out
 
     def signal_groups(self, sig: int) -> None:
+        """Deliver ``sig`` as a terminal would: to each process group we
+        started, and for a framework launcher to its workers instead (torchrun
+        turns a signal into a traceback and a second of teardown)."""
         for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            if proc.poll() is not None:
+                continue
+            if proc.pid in self.tool_pids:
+                self._signal_tree(proc.pid, sig)
+                continue
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def signal_all(self, sig: int) -> None:
         """Our process groups, then every descendant wherever it hides
-        (torchrun starts its workers in sessions of their own)."""
+        (torchrun starts its workers in sessions of their own).
+
+        A stop (TERM) kills framework launchers outright, after their
+        workers got the TERM: we stop the workers ourselves, and a
+        launcher's own teardown adds a second and a traceback, nothing more.
+        """
         self.signal_groups(sig)
         for child in self._descendants():
+            own = sig
+            if child.pid in self.tool_pids and sig == signal.SIGTERM:
+                own = signal.SIGKILL
+            try:
+                child.send_signal(own)
+            except psutil.Error:
+                pass
+
+    def _signal_tree(self, pid: int, sig: int) -> None:
+        try:
+            children = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for child in children:
             try:
                 child.send_signal(sig)
             except psutil.Error:
