@@ -1,0 +1,18 @@
+"""Determined's PyTorch Trial and Trainer API, off-cluster (``determined.pytorch``).
+
+``from determined_launch import pytorch`` replaces ``from determined import pytorch``.
+Importing this package imports torch; ``import determined_launch`` alone does not
+(``det.pytorch`` loads it on first use).
+"""
+
+# --- units, data, samplers, reducers, LR scheduler, callbacks, TB/progress (H1) ---
+from determined_launch.pytorch._units import (
+    Batch,
+    Batches,
+    Epoch,
+    Epochs,
+    TrainUnit,
+    _TrainBoundary,
+    _TrainBoundaryType,
+)
+# --- end H1 ---
