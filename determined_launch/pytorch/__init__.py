@@ -5,6 +5,10 @@ Importing this package imports torch; ``import determined_launch`` alone does no
 (``det.pytorch`` loads it on first use).
 """
 
+# Re-exports only; three groups of modules append their lines here, so the
+# unused-import and import-order checks are off for this file.
+# ruff: noqa: F401, I001
+
 # --- units, data, samplers, reducers, LR scheduler, callbacks, TB/progress (H1) ---
 from determined_launch.pytorch._units import (
     Batch,

@@ -111,7 +111,9 @@ class TrainUnit:
         raise ValueError(f"{type(self).__name__} has no searcher unit; use Batch or Epoch")
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.value == other.value  # type: ignore[attr-defined]
+        if not isinstance(other, TrainUnit):
+            return NotImplemented
+        return type(self) is type(other) and self.value == other.value
 
     def __hash__(self) -> int:
         try:
