@@ -19,4 +19,14 @@ from determined_launch.pytorch._units import (
     _TrainBoundary,
     _TrainBoundaryType,
 )
+from determined_launch.pytorch import samplers
+from determined_launch.pytorch._data import (
+    DataLoader,
+    TorchData,
+    _Data,
+    _dataset_repro_warning,
+    adapt_batch_sampler,
+    data_length,
+    to_device,
+)
 # --- end H1 ---
