@@ -29,4 +29,19 @@ from determined_launch.pytorch._data import (
     data_length,
     to_device,
 )
+from determined_launch.pytorch._callback import PyTorchCallback
+from determined_launch.pytorch._lr_scheduler import LRScheduler
+from determined_launch.pytorch._reducer import (
+    MetricReducer,
+    Reducer,
+    _PyTorchReducerContext,
+    _SimpleReducer,
+    _simple_reduce_metrics,
+)
+from determined_launch.pytorch._metric_utils import (
+    _combine_and_average_training_metrics,
+    _convert_metrics_to_numpy,
+    _prepare_metrics_reducers,
+    _reduce_metrics,
+)
 # --- end H1 ---
