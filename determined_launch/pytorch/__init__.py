@@ -44,4 +44,11 @@ from determined_launch.pytorch._metric_utils import (
     _prepare_metrics_reducers,
     _reduce_metrics,
 )
+from determined_launch.pytorch._tensorboard import _log_tb_metrics
 # --- end H1 ---
+# --- context, trial, controller, trainer (H2) ---
+from determined_launch.pytorch._context import PyTorchExperimentalContext, PyTorchTrialContext
+from determined_launch.pytorch._trial import PyTorchTrial, _TrialState
+from determined_launch.pytorch._controller import _PyTorchTrialController, _ShouldExit
+from determined_launch.pytorch._trainer import Trainer, init
+# --- end H2 ---

@@ -63,9 +63,7 @@ class _EpochShuffleSampler(tud.RandomSampler):
     known, e.g. a plain ``for batch in loader``) ``torch.initial_seed()``.
     """
 
-    def __init__(
-        self, data_source: Sized, generator: Optional[torch.Generator] = None
-    ) -> None:
+    def __init__(self, data_source: Sized, generator: Optional[torch.Generator] = None) -> None:
         super().__init__(data_source, generator=generator)
         self.seed: Optional[int] = None
         self.epoch = 0

@@ -36,8 +36,7 @@ class TrainUnit:
             isinstance(value, int) or isinstance(value, collections.abc.Container)
         ):
             raise TypeError(
-                f"{type(self).__name__}(value) takes an int or a container of ints, "
-                f"got {value!r}"
+                f"{type(self).__name__}(value) takes an int or a container of ints, got {value!r}"
             )
         self.value = value
 
@@ -226,9 +225,7 @@ def remaining(max_length: TrainUnit, batches_trained: int, epochs_trained: int) 
     raise TypeError(f"max_length must be a Batch or Epoch, got {type(max_length).__name__}")
 
 
-def should_stop(
-    unit: TrainUnit, batches_trained: int, epochs_trained: int, epoch_len: int
-) -> bool:
+def should_stop(unit: TrainUnit, batches_trained: int, epochs_trained: int, epoch_len: int) -> bool:
     """Whether training of length ``unit`` is complete at these counters."""
     del epoch_len  # epochs_trained is already counted by the loop (3.4)
     return remaining(unit, batches_trained, epochs_trained) <= 0
