@@ -46,3 +46,16 @@ def batch_metrics(root: Path, run: str = "run") -> list[dict[str, Any]]:
     for r in reports(root, "training", run):
         out.extend(r["batch_metrics"])
     return out
+
+
+def checkpoints(root: Path) -> dict[int, Path]:
+    """Committed checkpoints in ``root/ckpt`` by ``steps_completed`` (newest wins)."""
+    import json
+
+    out: dict[int, tuple[float, Path]] = {}
+    for meta in (root / "ckpt").glob("*/metadata.json"):
+        steps = int(json.loads(meta.read_text())["steps_completed"])
+        mtime = meta.stat().st_mtime
+        if steps not in out or out[steps][0] < mtime:
+            out[steps] = (mtime, meta.parent)
+    return {k: v[1] for k, v in sorted(out.items())}

@@ -34,6 +34,7 @@ from determined_launch.pytorch._ctl_metrics import _MetricsMixin
 from determined_launch.pytorch._data import DataLoader, _dataset_repro_warning
 from determined_launch.pytorch._lr_scheduler import LRScheduler
 from determined_launch.pytorch._metric_utils import _convert_metrics_to_numpy
+from determined_launch.pytorch._progress import Progress
 from determined_launch.pytorch._trial import (
     PyTorchTrial,
     _evaluate_batch_defined,
@@ -131,6 +132,7 @@ class _PyTorchTrialController(_MetricsMixin, _CheckpointMixin):
         self.training_iterator: Optional[Iterator[Any]] = None
         self.last_validation_metrics: Optional[dict[str, Any]] = None
         self._preempt_polled = False
+        self._progress = Progress(max_length, is_chief=self.is_chief)
         self._warned_nan = False
         self._legacy_epoch_start = {
             name: _epoch_start_takes_no_index(cb) for name, cb in self.callbacks.items()
@@ -244,6 +246,11 @@ class _PyTorchTrialController(_MetricsMixin, _CheckpointMixin):
             if self.profiling_enabled:
                 logger.warning("profiling_enabled: system profiling needs a Determined master; "
                                "use context.set_profiler() for torch traces")
+            self._progress = Progress(
+                self.max_length, is_chief=self.is_chief, start_batch=self.state.batches_trained,
+                start_epoch=self.state.epochs_trained, epoch_len=self.context._epoch_len,
+            )
+            exit_stack.callback(self._progress.close)
             self._run()
 
     def _cleanup_iterator(self) -> None:
@@ -323,7 +330,9 @@ class _PyTorchTrialController(_MetricsMixin, _CheckpointMixin):
 
     def _upload_tb_files(self) -> None:
         """Event files are written in place (the run directory); just flush."""
-        self.context._maybe_reset_tbd_writer()
+        writer = self.context._tbd_writer
+        if writer is not None and hasattr(writer, "flush"):
+            writer.flush()
 
     # ------------------------------------------------------------ training
     def _train_with_boundaries(
@@ -349,6 +358,7 @@ class _PyTorchTrialController(_MetricsMixin, _CheckpointMixin):
                 )
             per_batch.append(metrics)
             self.state.batches_trained += 1
+            self._progress.batch_done(self.state.batches_trained, self.state.epochs_trained)
             if in_epoch == epoch_len - 1:
                 for callback in self.callbacks.values():
                     callback.on_training_epoch_end(epoch_idx)

@@ -52,12 +52,20 @@ class _MetricsMixin:
     smaller_is_better: bool
     ckpt_policy: str
     last_validation_metrics: Optional[dict[str, Any]]
+    _progress: Any
 
     if TYPE_CHECKING:  # provided by _CheckpointMixin
 
         def _checkpoint(self, already_exiting: bool) -> None: ...
 
         def _checkpoint_is_current(self) -> bool: ...
+
+    def _tb_writer(self) -> Any:
+        """The chief's writer, or None when TensorBoard is not installed."""
+        from determined_launch.pytorch._context import _NullWriter
+
+        writer = self.context.get_tensorboard_writer()
+        return None if isinstance(writer, _NullWriter) else writer
 
     # ------------------------------------------------------------ training
     def _end_workload(self, per_batch: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,10 +89,12 @@ class _MetricsMixin:
                 metrics=avg,
                 batch_metrics=batch_metrics,
             )
+            self._progress.training_report(
+                self.state.batches_trained, self.state.epochs_trained, avg
+            )
             if self.context.get_enable_tensorboard_logging():
                 _pytorch_module()._log_tb_metrics(
-                    self.context.get_tensorboard_writer(), "train",
-                    self.state.batches_trained, avg, batch_metrics,
+                    self._tb_writer(), "train", self.state.batches_trained, avg, batch_metrics
                 )
             metrics = {"avg_metrics": avg, "batch_metrics": batch_metrics}
         if dist.size > 1:
@@ -146,8 +156,7 @@ class _MetricsMixin:
                 )
             if self.context.get_enable_tensorboard_logging():
                 _pytorch_module()._log_tb_metrics(
-                    self.context.get_tensorboard_writer(), "val",
-                    self.state.batches_trained, metrics,
+                    self._tb_writer(), "val", self.state.batches_trained, metrics
                 )
             should_checkpoint = self._policy_wants_checkpoint(metrics)
             # The same dict object callbacks received gains the counters.
@@ -155,6 +164,9 @@ class _MetricsMixin:
             metrics.setdefault("epochs", self.state.epochs_trained)
             self.core_context.train.report_validation_metrics(
                 steps_completed=self.state.batches_trained, metrics=metrics
+            )
+            self._progress.validation_report(
+                self.state.batches_trained, self.state.epochs_trained, metrics
             )
         if dist.size > 1:
             should_checkpoint = bool(dist.broadcast(should_checkpoint))
