@@ -378,7 +378,7 @@ def test_copy_code_excludes_storage_rundir_and_defaults(tmp_path: Path) -> None:
     stats = ckio.copy_code(
         src, dst, exclude=[src / "det_runs" / "checkpoints", src / "det_runs" / "run"]
     )
-    assert _tree(dst) == {"train.py", "pkg", "pkg/model.py", "det_runs", "keep.txt"}
+    assert _tree(dst) == {"train.py", "pkg", "pkg/model.py", "keep.txt"}
     assert stats.files == 3 and stats.skipped_reason is None
 
 

@@ -52,3 +52,6 @@ from determined_launch.pytorch._trial import PyTorchTrial, _TrialState
 from determined_launch.pytorch._controller import _PyTorchTrialController, _ShouldExit
 from determined_launch.pytorch._trainer import Trainer, init
 # --- end H2 ---
+# --- checkpoint loading (H3) ---
+from determined_launch.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
+# --- end H3 ---

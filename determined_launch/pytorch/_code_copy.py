@@ -133,9 +133,8 @@ def _inside(path: pathlib.Path, roots: list[pathlib.Path]) -> bool:
 
 def _plan(
     src: pathlib.Path, excluded: list[pathlib.Path], patterns: list[_Pattern]
-) -> tuple[list[str], list[str], list[str], int]:
-    """Walk ``src`` without following links: (dirs, files, links, total file bytes)."""
-    dirs: list[str] = []
+) -> tuple[list[str], list[str], int]:
+    """Walk ``src`` without following links: (files, links, total file bytes)."""
     files: list[str] = []
     links: list[str] = []
     total = 0
@@ -153,7 +152,6 @@ def _plan(
             if _inside(full.resolve(), excluded) or _ignored(patterns, rel, True):
                 continue
             keep.append(d)
-            dirs.append(rel)
         dirnames[:] = keep
         for name in sorted(filenames):
             if rel_parent == "." and name == ".detignore":
@@ -170,7 +168,7 @@ def _plan(
             except OSError:
                 pass
             files.append(rel)
-    return dirs, files, links, total
+    return files, links, total
 
 
 def copy_code(
@@ -200,7 +198,7 @@ def copy_code(
         except (OSError, UnicodeDecodeError) as e:
             logger.warning("ignoring unreadable %s: %s", detignore, e)
 
-    dirs, files, links, total = _plan(src_path, excluded, patterns)
+    files, links, total = _plan(src_path, excluded, patterns)
     limit = _env_max_bytes() if max_bytes is None else max_bytes
     if total > limit:
         stats.skipped_reason = (
@@ -218,8 +216,8 @@ def copy_code(
         return stats
 
     dst_path.mkdir(parents=True)
-    for rel in dirs:
-        (dst_path / rel).mkdir(exist_ok=True)
+    for rel in files + links:  # only directories that hold something: no empty husks
+        (dst_path / rel).parent.mkdir(parents=True, exist_ok=True)
     for rel in files:
         try:
             shutil.copyfile(src_path / rel, dst_path / rel, follow_symlinks=False)
