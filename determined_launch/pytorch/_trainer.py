@@ -23,6 +23,7 @@ import torch
 from determined_launch import core
 from determined_launch.cluster import get_cluster_info
 from determined_launch.core.distributed import DistributedContext
+from determined_launch.pytorch._checkpoint_io import find_state_file
 from determined_launch.pytorch._compat import _InitHandle
 from determined_launch.pytorch._context import PyTorchTrialContext
 from determined_launch.pytorch._trial import PyTorchTrial
@@ -229,6 +230,7 @@ class Trainer:
                 logger.info("latest_checkpoint='latest': no checkpoint yet, starting fresh")
             return found  # type: ignore[no-any-return]
         if os.path.isdir(latest):
+            find_state_file(latest)  # not a checkpoint: say so before anything runs
             return latest
         try:
             with self._core.checkpoint.restore_path(latest):
