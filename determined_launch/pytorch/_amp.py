@@ -53,6 +53,6 @@ def autocast_forward(model: torch.nn.Module) -> torch.nn.Module:
     """Patch the instance's ``forward`` (not the class, not the module tree), so
     ``state_dict()`` keys stay those of the plain model."""
     if not getattr(model, "_det_autocast", False):
-        model.forward = autocast_callable(model.forward)  # type: ignore[method-assign]
+        model.forward = autocast_callable(model.forward)
         model._det_autocast = True  # type: ignore[assignment]
     return model

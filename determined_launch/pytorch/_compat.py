@@ -101,7 +101,7 @@ class _InitHandle:
         cm, self._cm, self._ctx = self._cm, None, None
         if cm is None:
             return None
-        return cm.__exit__(*exc)  # type: ignore[no-any-return]
+        return cm.__exit__(*exc)
 
     def close(self) -> None:
         self.__exit__(None, None, None)

@@ -273,7 +273,7 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
         return self._reducers.wrap_reducer(reducer, name, for_training, for_validation)
 
     def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
-        return self._reducers.reduce_metrics(for_training)  # type: ignore[no-any-return]
+        return self._reducers.reduce_metrics(for_training)
 
     def reset_reducers(self) -> None:
         self._reducers.reset_reducers()

@@ -22,7 +22,7 @@ from determined_launch.pytorch._lr_scheduler import LRScheduler
 logger = logging.getLogger("determined_launch.pytorch")
 
 try:  # Apex is deprecated upstream; supported only where it is installed (GPU images).
-    import apex  # type: ignore[import-not-found]
+    import apex
 except ImportError:
     apex = None
 
@@ -208,7 +208,7 @@ class _OptimMixin:
                 "use context.experimental.use_amp() instead"
             )
         self._use_apex = True
-        return apex.amp.initialize(  # type: ignore[no-any-return]
+        return apex.amp.initialize(
             models,
             optimizers,
             enabled=enabled,

@@ -415,7 +415,7 @@ class _PyTorchTrialController(_MetricsMixin, _CheckpointMixin):
                 self._auto_step_lr_scheduler_per_batch(batch_idx, scheduler)
         metrics = _convert_metrics_to_numpy(metrics)
         self._check_nan(metrics, batch_idx)
-        return metrics  # type: ignore[no-any-return]
+        return metrics
 
     def _check_nan(self, metrics: dict[str, Any], batch_idx: int) -> None:
         loss = metrics.get("loss")

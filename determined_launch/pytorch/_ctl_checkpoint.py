@@ -122,7 +122,7 @@ class _CheckpointMixin:
         if ctx._scaler is not None:
             ckpt["scaler_state_dict"] = ctx._scaler.state_dict()
         if ctx._use_apex:
-            import apex  # type: ignore[import-not-found]
+            import apex
 
             ckpt["amp_state"] = apex.amp.state_dict()
         for callback in self.callbacks.values():
@@ -159,7 +159,7 @@ class _CheckpointMixin:
         elif ctx._scaler is not None:
             logger.warning("a GradScaler was wrapped but the checkpoint has no scaler state")
         if "amp_state" in ckpt and ctx._use_apex:
-            import apex  # type: ignore[import-not-found]
+            import apex
 
             apex.amp.load_state_dict(ckpt["amp_state"])
         cio.restore_rng_state(ckpt.get("rng_state"), getattr(ctx.distributed, "local_rank", 0))

@@ -99,7 +99,8 @@ class _MetricsMixin:
             metrics = {"avg_metrics": avg, "batch_metrics": batch_metrics}
         if dist.size > 1:
             metrics = dist.broadcast(metrics)
-        assert metrics is not None
+        if metrics is None:
+            raise RuntimeError("training metrics were not broadcast by the chief")
         for callback in self.callbacks.values():
             callback.on_training_workload_end(
                 avg_metrics=metrics["avg_metrics"], batch_metrics=metrics["batch_metrics"]
@@ -244,7 +245,8 @@ class _MetricsMixin:
         best = self._best_validation()
         if best is None:
             return True
-        return bool(value < best if self.smaller_is_better else value > best)
+        current = float(value)  # type: ignore[arg-type]
+        return current < best if self.smaller_is_better else current > best
 
     def _best_validation(self) -> Optional[float]:
         """Best searcher metric reported so far in this run directory."""

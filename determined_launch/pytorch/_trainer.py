@@ -69,7 +69,7 @@ def _start_process_group(dist: DistributedContext) -> bool:
 def _auto_distributed() -> tuple[Optional[DistributedContext], bool]:
     """FIX-8: the DistributedContext (and process group) the environment implies."""
     if _env_true("USE_HOROVOD"):
-        import horovod.torch as hvd  # type: ignore[import-not-found]
+        import horovod.torch as hvd
 
         hvd.init()
         return DistributedContext.from_horovod(hvd), False
@@ -228,7 +228,7 @@ class Trainer:
             found = self._core.checkpoint.latest()
             if found is None:
                 logger.info("latest_checkpoint='latest': no checkpoint yet, starting fresh")
-            return found  # type: ignore[no-any-return]
+            return found
         if os.path.isdir(latest):
             find_state_file(latest)  # not a checkpoint: say so before anything runs
             return latest
@@ -282,11 +282,12 @@ class Trainer:
             if test_mode:
                 raise ValueError("test_mode is only supported in local training mode.")
             if max_length is None:
-                if self._info.trial.max_length is None:
+                searcher_length = self._info.trial.max_length if self._info.trial else None
+                if searcher_length is None:
                     raise ValueError("`fit(max_length=X)` must be set to a Batch or Epoch")
                 warnings.warn("fit() without max_length: using the searcher's max_length as "
                               "Batch(n); pass max_length explicitly", FutureWarning, stacklevel=2)
-                max_length = Batch(int(self._info.trial.max_length))
+                max_length = Batch(int(searcher_length))
             if latest_checkpoint is None and self._info.latest_checkpoint:
                 logger.warning(
                     "latest_checkpoint has not been configured. Pause/resume training will not "
