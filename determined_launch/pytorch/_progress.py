@@ -87,8 +87,10 @@ class Progress:
         self._last_time = time.monotonic()
         self._bar: Any = None
         self._bar_counts_epochs = False
-        if _want_bar(is_chief, use_tqdm):
-            self._bar = self._make_bar(start_batch, start_epoch)
+        # The bar is drawn on the first batch, so a Progress built but never used
+        # (or replaced) leaves nothing on the terminal.
+        self._want_bar = _want_bar(is_chief, use_tqdm)
+        self._start = (start_batch, start_epoch)
 
     def _make_bar(self, start_batch: int, start_epoch: int) -> Any:
         try:
@@ -118,7 +120,12 @@ class Progress:
     def batch_done(self, batches_trained: int, epochs_trained: int) -> None:
         bar = self._bar
         if bar is None:
-            return
+            if not self._want_bar:
+                return
+            self._want_bar = False
+            bar = self._bar = self._make_bar(*self._start)
+            if bar is None:
+                return
         target = epochs_trained if self._bar_counts_epochs else batches_trained
         if target > bar.n:
             bar.update(target - bar.n)
@@ -167,6 +174,7 @@ class Progress:
         return line
 
     def close(self) -> None:
+        self._want_bar = False
         if self._bar is not None:
             self._bar.close()
             self._bar = None
