@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -217,6 +218,53 @@ def test_real_writer_when_installed(tmp_path: Path) -> None:
     det.pytorch._log_tb_metrics(w, "train", 2, {"loss": 1.0}, [{"loss": 2.0}, {"loss": 1.0}])
     w.close()
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+
+
+PEER_PYTHON = Path(
+    os.environ.get("DET_PEER_TORCH_VENV", str(Path.home() / ".cache" / "det-peer-torch")),
+    "bin",
+    "python",
+)
+TB_SCRIPT = """
+import sys
+from pathlib import Path
+import determined_launch as det
+from determined_launch.pytorch import _tensorboard
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+out = Path(sys.argv[1])
+w = _tensorboard.make_writer(out)
+batches = [{"loss": 2.0}, {"loss": 1.0}]
+det.pytorch._log_tb_metrics(w, "train", 2, {"loss": 1.5, "cls": 3.0}, batches)
+det.pytorch._log_tb_metrics(w, "val", 2, {"loss": 0.5})
+w.close()
+ea = EventAccumulator(str(out))
+ea.Reload()
+for tag in sorted(ea.Tags()["scalars"]):
+    print(tag, [(e.step, e.value) for e in ea.Scalars(tag)])
+"""
+
+
+@pytest.mark.slow
+def test_event_files_with_real_tensorboard(tmp_path: Path) -> None:
+    """Real event files, read back with TensorBoard's own reader (in the benchmarks' side
+    environment, which has tensorboard; this project's environment need not)."""
+    if not PEER_PYTHON.exists():
+        pytest.skip("no side environment with tensorboard (benchmarks/peer_pytorch_env.sh)")
+    proc = subprocess.run(
+        [str(PEER_PYTHON), "-c", TB_SCRIPT, str(tmp_path / "tb")],
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if "No module named 'tensorboard'" in proc.stderr:
+        pytest.skip("the side environment has no tensorboard")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "Determined/cls [(2, 3.0)]",
+        "Determined/loss [(0, 2.0), (1, 1.0)]",
+        "Determined/val_loss [(2, 0.5)]",
+    ]
 
 
 # ---- progress -----------------------------------------------------------------------
