@@ -139,6 +139,19 @@ def test_shuffle_does_not_consume_or_depend_on_global_rng() -> None:
     assert ids(dl.get_data_loader(repeat=True, seed=5), 12) == first
 
 
+def test_loop_validation_stream_repeats_its_order() -> None:
+    dl = pytorch.DataLoader(dataset(12), batch_size=5, shuffle=True)
+    val = dl.get_data_loader(repeat=False, num_replicas=2, rank=1, seed=8)
+    first = ids(val, 10)
+    assert ids(val, 10) == first  # the 2nd validation (or one after a resume) sees the same
+    assert ids(dl.get_data_loader(repeat=False, num_replicas=2, rank=1, seed=8), 10) == first
+    train_epoch0 = ids(dl.get_data_loader(repeat=True, num_replicas=2, rank=1, seed=8), 1)
+    assert train_epoch0 == first
+    plain = dl.get_data_loader()  # a user's own loop without a seed: new order per pass
+    passes = {tuple(sum(ids(plain, 3), [])) for _ in range(3)}
+    assert len(passes) == 3
+
+
 def test_user_generator_seed_drives_the_shuffle() -> None:
     def order(gen_seed: int, seed: int) -> List[List[int]]:
         g = torch.Generator()

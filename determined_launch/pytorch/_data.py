@@ -67,6 +67,7 @@ class _EpochShuffleSampler(tud.RandomSampler):
         super().__init__(data_source, generator=generator)
         self.seed: Optional[int] = None
         self.epoch = 0
+        self.advance = True  # False: every pass is ``epoch`` (deterministic validation)
 
     def base_seed(self) -> int:
         if self.generator is not None:
@@ -82,16 +83,18 @@ class _EpochShuffleSampler(tud.RandomSampler):
 
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch
-        self.epoch += 1
+        if self.advance:
+            self.epoch += 1
         return iter(self.permutation(epoch))
 
     def __len__(self) -> int:
         return len(self.data_source)
 
-    def fresh(self, seed: Optional[int]) -> _EpochShuffleSampler:
+    def fresh(self, seed: Optional[int], advance: bool = True) -> _EpochShuffleSampler:
         """A copy starting at epoch 0: every stream the loop builds starts at the run's start."""
         other = copy.copy(self)
         other.epoch = 0
+        other.advance = advance
         if seed is not None:
             other.seed = seed
         return other
@@ -202,7 +205,7 @@ class DataLoader:
     def _auto_collation(self) -> bool:
         return self.batch_sampler is not None
 
-    def _base_batch_sampler(self, seed: Optional[int]) -> Any:
+    def _base_batch_sampler(self, seed: Optional[int], advance: bool) -> Any:
         # Our own shuffle gets a fresh copy so that every stream starts at epoch 0
         # (a resumed run then re-derives the same epochs before skipping).
         ours = self.batch_sampler
@@ -211,7 +214,8 @@ class DataLoader:
             and isinstance(ours, tud.BatchSampler)
             and ours.sampler is self.sampler
         ):
-            return tud.BatchSampler(self.sampler.fresh(seed), ours.batch_size, ours.drop_last)
+            sampler = self.sampler.fresh(seed, advance)
+            return tud.BatchSampler(sampler, ours.batch_size, ours.drop_last)
         return self.batch_sampler
 
     def get_data_loader(
@@ -228,10 +232,13 @@ class DataLoader:
         ``skip`` counts this rank's batches. ``seed`` (keyword-only, an
         extension) is the trial seed the loop passes: it fixes the shuffle order
         of every epoch and the loader's worker seeds, without touching the
-        global RNG.
+        global RNG. With ``seed`` and ``repeat=False`` every pass has epoch 0's
+        order (validation streams are independent of history).
         """
         batch_sampler = adapt_batch_sampler(
-            self._base_batch_sampler(seed),
+            # The loop's one-pass (validation) streams use epoch 0's order on every
+            # pass, so validation does not depend on how many ran before a resume.
+            self._base_batch_sampler(seed, advance=repeat or seed is None),
             repeat=repeat,
             skip=skip,
             num_replicas=num_replicas,
