@@ -207,3 +207,50 @@ def test_step_zero_validation(tmp_path: Path) -> None:
     val = reports(tmp_path, "validation")
     assert [r["steps_completed"] for r in val] == [0, 2]
     assert val[0]["metrics"]["val_loss"] == pytest.approx(1.0)
+
+
+def test_counter_callback_numbers_with_epoch_length(tmp_path: Path) -> None:
+    events: list[Any] = []
+
+    class Legacy(pytorch.PyTorchCallback):
+        def on_training_epoch_start(self) -> None:  # type: ignore[override]
+            events.append(("legacy_epoch_start",))
+
+    class T(RecordingTrial):
+        def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+            out = super().build_callbacks()
+            out["legacy"] = Legacy()
+            return out
+
+    with pytest.warns(FutureWarning):
+        run_trial(tmp_path, T, trial_kwargs={"events": events}, max_length=pytorch.Epoch(2),
+                  checkpoint_period=Batch(5), validation_period=Batch(10))
+    count = {n: sum(1 for e in events if e[0] == n) for n in {e[0] for e in events}}
+    assert count["trial_startup"] == count["trial_shutdown"] == count["training_start"] == 1
+    assert count["val_start"] == count["val_end"] == 4
+    assert count["ckpt_write_end"] == count["ckpt_upload_end"] == 7
+    assert count["epoch_start"] == count["epoch_end"] == 2
+    assert count["workload_end"] == 7
+    assert count["legacy_epoch_start"] == 2
+
+
+def test_custom_reducer_windows(tmp_path: Path) -> None:
+    from tests.pytorch_fixtures.onevar import triangle
+
+    run_trial(tmp_path, max_length=Batch(30), reporting_period=Batch(10))
+    got = [(r["metrics"]["cls_reducer"], r["metrics"]["fn_reducer"])
+           for r in reports(tmp_path, "training")]
+    assert got == [(180, 180), (580, 580), (980, 980)]
+    assert [triangle(4, a, a + 10) for a in (0, 10, 20)] == [180, 580, 980]
+    assert reports(tmp_path, "validation")[-1]["metrics"]["cls_reducer"] == 480
+
+
+def test_tensorboard_under_run_dir_and_optional_fix7(tmp_path: Path) -> None:
+    """Upstream writes ./runs in the working directory (then copied into every
+    checkpoint) and needs tensorboard installed."""
+    trial, _ = run_trial(tmp_path, max_length=Batch(2))
+    ctx = trial.context
+    assert ctx.get_tensorboard_path() == tmp_path / "run" / "tensorboard"
+    writer = ctx.get_tensorboard_writer()
+    writer.add_scalar("x", 1.0, 0)  # a real or a no-op writer: never raises
+    assert not (tmp_path / "runs").exists()
