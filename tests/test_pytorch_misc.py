@@ -312,3 +312,39 @@ def test_progress_bar_env_and_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not _progress._want_bar(False, None)
     monkeypatch.delenv("DET_PROGRESS_BAR")
     assert _progress._want_bar(True, None) == sys.stderr.isatty()
+
+
+# ---- callbacks ----------------------------------------------------------------------
+
+
+def test_callback_defaults_are_no_ops() -> None:
+    cb = det.pytorch.PyTorchCallback()
+    assert cb.on_trial_startup(0, None) is None
+    assert cb.on_training_workload_end({}, {}) is None
+    assert cb.on_checkpoint_save_start({}) is None
+    assert cb.state_dict() == {}
+    cb.load_state_dict({"x": 1})
+
+
+def test_callback_override_detection() -> None:
+    from determined_launch.pytorch._callback import _epoch_start_takes_no_index, _overrides
+
+    class New(det.pytorch.PyTorchCallback):
+        def on_checkpoint_end(self, checkpoint_dir: str) -> None:
+            pass
+
+        def on_training_epoch_start(self, epoch_idx: int) -> None:
+            pass
+
+    class Legacy(det.pytorch.PyTorchCallback):
+        def on_training_epoch_start(self) -> None:  # type: ignore[override]
+            pass
+
+    new, legacy, plain = New(), Legacy(), det.pytorch.PyTorchCallback()
+    assert _overrides(new, "on_checkpoint_end") and not _overrides(legacy, "on_checkpoint_end")
+    assert not _overrides(plain, "on_validation_end")
+    plain.on_validation_end = lambda metrics: None  # type: ignore[method-assign]
+    assert _overrides(plain, "on_validation_end")
+    assert _epoch_start_takes_no_index(legacy)
+    assert not _epoch_start_takes_no_index(new)
+    assert not _epoch_start_takes_no_index(det.pytorch.PyTorchCallback())

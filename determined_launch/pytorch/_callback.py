@@ -70,8 +70,11 @@ class PyTorchCallback:
 
 
 def _overrides(callback: PyTorchCallback, hook: str) -> bool:
-    """Whether ``callback``'s class overrides ``hook`` of ``PyTorchCallback``."""
-    return getattr(type(callback), hook, None) is not getattr(PyTorchCallback, hook)
+    """Whether ``callback`` overrides ``hook`` of ``PyTorchCallback`` (in its class or
+    as an instance attribute)."""
+    method = getattr(callback, hook, None)
+    func = getattr(method, "__func__", method)
+    return func is not getattr(PyTorchCallback, hook)
 
 
 def _epoch_start_takes_no_index(callback: PyTorchCallback) -> bool:
