@@ -278,6 +278,8 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
                 boundaries, per_batch = self._train_with_boundaries(enumerator, boundaries)
                 self._end_workload(per_batch)
                 self._act_on_boundaries(boundaries)
+                if self.test_mode:  # one batch, then the final validation and checkpoint
+                    break
             if not self._validation_is_current():
                 self._validate()
             if not self._checkpoint_is_current():
@@ -302,7 +304,7 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             if kind in (_TrainBoundaryType.TRAIN, _TrainBoundaryType.REPORT):
                 if not reported and self.is_chief:
                     self.core_context.train.report_progress(
-                        _units.progress(
+                        progress=_units.progress(
                             self.max_length, self.state.batches_trained, self.state.epochs_trained
                         )
                     )
@@ -314,7 +316,8 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
                 if not self._checkpoint_is_current():
                     self._checkpoint(already_exiting=False)
             boundary.limit_reached = False
-            self._upload_tb_files()
+            if self.context.get_enable_tensorboard_logging():
+                self._upload_tb_files()
             self._stop_check()
         if self._preempt_polled:
             self._stop_check()

@@ -223,7 +223,12 @@ class _CheckpointMixin:
             target.load_state_dict(state)
 
     def _last_validation(self) -> Optional[int]:
-        """``steps_completed`` of this trial's last validation in the run directory."""
+        """``steps_completed`` of this trial's last validation (the master's
+        answer where there is one, else this run directory's)."""
+        ask = getattr(self.core_context.train, "_get_last_validation", None)
+        if ask is not None:
+            last = ask()
+            return None if last is None else int(last)
         run_dir = getattr(self.core_context, "run_dir", None)
         if run_dir is None:
             return None

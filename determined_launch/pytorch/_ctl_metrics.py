@@ -221,13 +221,20 @@ class _MetricsMixin:
 
     # ------------------------------------------------------------ checkpoint policy
     def _policy_wants_checkpoint(self, metrics: dict[str, Any]) -> bool:
-        if self._checkpoint_is_current() or self.ckpt_policy == "none":
+        if self.ckpt_policy == "none":
             return False
-        if self.ckpt_policy == "all":
+        if self.ckpt_policy == "all" or self.searcher_metric_name is None:
+            return not self._checkpoint_is_current()
+        value = self._searcher_value(metrics, self.searcher_metric_name)
+        best = self._best_validation()  # asked even when current, as upstream
+        if self._checkpoint_is_current():
+            return False
+        if best is None:
             return True
-        name = self.searcher_metric_name
-        if name is None:
-            return True
+        return value < best if self.smaller_is_better else value > best
+
+    @staticmethod
+    def _searcher_value(metrics: dict[str, Any], name: str) -> float:
         if name not in metrics:
             raise RuntimeError(
                 f"Search method is configured to use metric '{name}' but model definition "
@@ -242,14 +249,15 @@ class _MetricsMixin:
             raise RuntimeError(
                 f"Searcher validation metric '{name}' returned a non-scalar value: {value!r}"
             )
-        best = self._best_validation()
-        if best is None:
-            return True
-        current = float(value)  # type: ignore[arg-type]
-        return current < best if self.smaller_is_better else current > best
+        return float(value)  # type: ignore[arg-type]
 
     def _best_validation(self) -> Optional[float]:
-        """Best searcher metric reported so far in this run directory."""
+        """Best searcher metric so far: the master's answer where there is one
+        (``train.get_experiment_best_validation``), else this run directory's."""
+        ask = getattr(self.core_context.train, "get_experiment_best_validation", None)
+        if ask is not None:
+            best = ask()
+            return None if best is None else float(best)
         run_dir = getattr(self.core_context, "run_dir", None)
         if run_dir is None or self.searcher_metric_name is None:
             return None
