@@ -50,6 +50,7 @@ def test_import_determined_launch_never_imports_torch() -> None:
         assert "torch" not in sys.modules, "import determined_launch imported torch"
         # The cheap top-level additions stay torch-free too.
         det.InvalidHP("x"); det.import_from_path; det.errors.InternalException
+        assert det._DistributedBackend().use_torch() in (True, False)
         assert "torch" not in sys.modules, "det.InvalidHP/import_from_path/errors imported torch"
         print("light")
         pt = det.pytorch
