@@ -279,6 +279,10 @@ class Broken(pytorch.PyTorchTrial):
         (["model_def:Broken"], "no training length"),
         (["--config", "range.yaml", "model_def:Broken"], "--hparam lr=VALUE"),
         (["--bogus"], "unrecognized arguments"),
+        (
+            ["--test", "--latest-checkpoint", ".", "model_def:Broken"],
+            "not a PyTorchTrial checkpoint",
+        ),
         ([], "MODULE:CLASS"),
     ],
 )
@@ -315,3 +319,22 @@ def test_import_error_inside_user_module_keeps_traceback(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="not_installed_dep_xyz"):
         runner_main.load_trial_class("needs_dep:T")
+
+
+def test_test_mode_refused_on_a_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    info = tmp_path / "trial.json"
+    info.write_text(
+        json.dumps(
+            {
+                "container_addrs": ["127.0.0.1"],
+                "container_rank": 0,
+                "container_slot_counts": [1],
+                "trial": {"trial_id": 3, "hparams": {"lr": 1}},
+            }
+        )
+    )
+    monkeypatch.setenv("DET_CLUSTER_INFO_FILE", str(info))
+    assert runner_main.main(["--test", "m:T"]) == 2
+    assert "test_mode is only supported in local training mode" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-from determined_launch.errors import EXIT_USAGE, LaunchError
+from determined_launch.errors import EXIT_USAGE, InvalidCheckpointException, LaunchError
 from determined_launch.pytorch._runner import (
     RunnerError,
     RunPlan,
@@ -156,6 +156,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             latest_checkpoint=ns.latest_checkpoint,
             info_latest_checkpoint=info.latest_checkpoint,
         )
+        if ns.test and info.trial is not None:
+            raise RunnerError(
+                "--test trains one batch locally, but a trial cluster-info file is set "
+                "(Determined: test_mode is only supported in local training mode); unset "
+                "DET_CLUSTER_INFO_FILE or drop --test"
+            )
+        if ns.latest_checkpoint and os.path.isdir(ns.latest_checkpoint):
+            from determined_launch.pytorch._checkpoint_io import find_state_file
+
+            find_state_file(ns.latest_checkpoint)  # not a checkpoint: say so now
         trial_max = info.trial.max_length if info.trial is not None else None
         if "max_length" not in plan.fit_kwargs and trial_max is None:
             raise RunnerError(
@@ -168,6 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LaunchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return e.exit_status or EXIT_USAGE
+    except InvalidCheckpointException as e:
+        print(f"{PROG}: error: --latest-checkpoint: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":
