@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from determined_launch import pytorch
 from determined_launch.core._rundir import read_jsonl
 from determined_launch.errors import EXIT_PREEMPTED
 from tests.conftest import Launch, base_env
@@ -49,32 +51,56 @@ def _finals(out: str) -> list[dict]:
     return [json.loads(m) for m in re.findall(r"(\{\"rank\".*\})", out)]
 
 
-def test_gradient_aggregation_two_gloo_ranks_equal_one_process(
-    tmp_path: Path, launches: list[Launch]
+def test_identity_aggregation_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    from tests._pytorch_helpers import run_trial
+    from tests.pytorch_fixtures.dist_script import IdentityTrial
+
+    monkeypatch.chdir(tmp_path)
+    run_trial(tmp_path, IdentityTrial, hparams={"global_batch_size": 4}, aggregation_frequency=2,
+              max_length=pytorch.Batch(16), validation_period=pytorch.Batch(1),
+              checkpoint_policy="none")
+    got = [r["metrics"]["weight"] for r in read_jsonl(tmp_path / "run" / "validation.jsonl")]
+    assert got == pytest.approx(AGG_WEIGHTS, abs=1e-6)
+
+
+def _launch_cmd(how: str) -> list[str]:
+    if how == "per-slot":
+        return [sys.executable, str(SCRIPT), "per-slot"]
+    return _cmd("agg", 2) if how == "torch" else [
+        sys.executable, "-m", "determined_launch.cli", "--slots", "2", "horovod", "--",
+        sys.executable, str(SCRIPT), "agg"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["torch", "per-slot", "horovod"])
+def test_gradient_aggregation_two_ranks_equal_one_process(
+    tmp_path: Path, launches: list[Launch], how: str
 ) -> None:
-    """Also: init() starts the process group itself (FIX-8), DDP kwargs pass
-    through (FIX-9, asserted in the script), rank 1's validation shard is empty
-    (FIX-11: upstream raises "validation_loader is empty."), and the saved model
-    state has no DDP ``module.`` prefix and loads with weights_only=True (FIX-3/4)."""
-    import subprocess
-
-    one = tmp_path / "one"
-    one.mkdir()
-    r = subprocess.run([sys.executable, str(SCRIPT), "agg"], env=_env(one), cwd=one,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert _weights(one) == pytest.approx(AGG_WEIGHTS, abs=1e-6)
-
-    two = tmp_path / "two"
-    two.mkdir()
-    launch = Launch(_cmd("agg", 2), _env(two))
+    """2 ranks with aggregation 2 give the 1-process weights after every batch.
+    ``torch``: DDP over gloo; init() starts the process group itself (FIX-8,
+    env:// from torchrun), DDP kwargs pass through (FIX-9, asserted in the
+    script), rank 1's validation shard is empty (FIX-11: upstream raises
+    "validation_loader is empty."), and the saved model state has no DDP
+    ``module.`` prefix and loads with weights_only=True (FIX-3/4).
+    ``per-slot``: det.launch_per_slot gives no MASTER_ADDR/PORT; init() agrees
+    on a port over the DistributedContext. ``horovod``: hvd.DistributedOptimizer."""
+    if how == "horovod" and importlib.util.find_spec("horovod") is None:
+        pytest.skip("horovod is not installed (scripts/build_horovod.sh)")
+    env = _env(tmp_path)
+    if how == "per-slot":
+        info = tmp_path / "info.json"
+        info.write_text(json.dumps({"container_addrs": ["127.0.0.1"], "container_rank": 0,
+                                    "container_slot_counts": [2]}))
+        env["DET_CLUSTER_INFO_FILE"] = str(info)
+    launch = Launch(_launch_cmd(how), env)
     launches.append(launch)
     assert launch.wait(120) == 0, launch.stdout + launch.stderr
-    assert _weights(two) == pytest.approx(AGG_WEIGHTS, abs=1e-6)
+    assert _weights(tmp_path) == pytest.approx(AGG_WEIGHTS, abs=1e-6)
     finals = _finals(launch.stdout)
     assert sorted(f["rank"] for f in finals) == [0, 1] and {f["size"] for f in finals} == {2}
     assert finals[0]["weight"] == finals[1]["weight"]
-    (state,) = (two / "ckpt").glob("*/state_dict.pth")
+    (state,) = (tmp_path / "ckpt").glob("*/state_dict.pth")
     ckpt = torch.load(state, weights_only=True)
     assert list(ckpt["models_state_dict"][0]) == ["weight"]
     assert not launch.leftovers()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from determined_launch import errors
-from determined_launch.pytorch import _amp
+from determined_launch.pytorch import _amp, _context_optim
 from determined_launch.pytorch._compat import _Seed002Mixin
 from determined_launch.pytorch._context_optim import _OptimMixin
 from determined_launch.pytorch._data import to_device as _to_device
@@ -141,6 +141,10 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
         self._fp16_compression = False
         self._optimizer_averaging: dict[int, bool] = {}
         self._is_pre_trainer = False
+        # Horovod: gradients are averaged by hvd.DistributedOptimizer, not DDP.
+        self._use_horovod = (
+            managed_training and self.distributed.size > 1 and _context_optim.horovod_requested()
+        )
 
         self._epoch_len: Optional[int] = None
         self._current_batch_idx: Optional[int] = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, Union
@@ -38,6 +39,10 @@ class _DDP(nn.parallel.DistributedDataParallel):
             return getattr(self.module, name)
 
 
+def horovod_requested() -> bool:
+    return os.environ.get("USE_HOROVOD", "").strip().lower() in ("1", "true", "yes")
+
+
 def _torch_distributed_ready() -> bool:
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
 
@@ -63,6 +68,7 @@ class _OptimMixin:
     _fp16_compression: bool
     _optimizer_averaging: dict[int, bool]
     _is_pre_trainer: bool
+    _use_horovod: bool
 
     # ------------------------------------------------------------------ defaults
     def _set_default_gradient_compression(self, gradient_compression: bool) -> None:
@@ -95,7 +101,8 @@ class _OptimMixin:
                     ddp_kwargs.setdefault("output_device", self.device)
                 model = _DDP(model, **ddp_kwargs)
             elif ddp_kwargs and self.distributed.size > 1:
-                logger.warning("wrap_model: DDP arguments ignored (no torch process group)")
+                why = "Horovod averages gradients" if self._use_horovod else "no process group"
+                logger.warning("wrap_model: DDP arguments ignored (%s)", why)
         setattr(self._main_model, f"model_{len(self.models)}", model)
         self.models.append(model)
         return model
@@ -123,9 +130,23 @@ class _OptimMixin:
             average_aggregated_gradients = self._average_aggregated_gradients
         if fp16_compression and not self._managed_training:
             logger.debug("fp16_compression only applies to Horovod training")
+        if self._use_horovod:
+            import horovod.torch as hvd
+
+            optimizer = hvd.DistributedOptimizer(
+                optimizer,
+                named_parameters=self._named_parameters_of(optimizer),
+                backward_passes_per_step=backward_passes_per_step * self._aggregation_frequency,
+                compression=hvd.Compression.fp16 if fp16_compression else hvd.Compression.none,
+            )
         self._optimizer_averaging[id(optimizer)] = bool(average_aggregated_gradients)
         self.optimizers.append(optimizer)
         return optimizer
+
+    def _named_parameters_of(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, Any]]:
+        """Horovod needs names for the parameters it all-reduces."""
+        mine = {id(p) for p in self._parameters(optimizer)}
+        return [(n, p) for n, p in self._main_model.named_parameters() if id(p) in mine]
 
     def wrap_lr_scheduler(
         self,
@@ -293,6 +314,8 @@ class _OptimMixin:
             )
         if not self._should_communicate_and_update():
             return
+        if self._use_horovod:
+            optimizer.synchronize()  # type: ignore[attr-defined]
         params = self._parameters(optimizer)
         if self._optimizer_averaging.get(id(optimizer), self._average_aggregated_gradients):
             self._average_gradients(iter(params), self._aggregation_frequency)
@@ -301,10 +324,13 @@ class _OptimMixin:
                 self._scaler.unscale_(optimizer)
             clip_grads(iter(params))
         step_scaler = scaler if scaler is not None else (self._scaler if self._use_amp else None)
-        if step_scaler is not None:
-            step_scaler.step(optimizer)
-        else:
-            optimizer.step()
+        with contextlib.ExitStack() as stack:
+            if self._use_horovod:  # already synchronized above
+                stack.enter_context(optimizer.skip_synchronize())  # type: ignore[attr-defined]
+            if step_scaler is not None:
+                step_scaler.step(optimizer)
+            else:
+                optimizer.step()
         if auto_zero_grads:
             optimizer.zero_grad()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import sys
 import warnings
@@ -100,7 +99,7 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
         self._check_evaluate_implementation()
         if self.context.distributed.size > 1 and not (
             torch.distributed.is_available() and torch.distributed.is_initialized()
-        ) and not _horovod_requested():
+        ) and not self.context._use_horovod:
             raise errors.InvalidExperimentException(
                 f"{self.context.distributed.size} ranks but no torch process group: run under "
                 "`det-launch torch --` or torchrun and create the context with "
@@ -240,6 +239,8 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
                 logger.info("Restoring trial from checkpoint %s", self.latest_checkpoint)
                 with self._restore_path(self.latest_checkpoint) as load_path:
                     self._load(load_path)
+            if self.context._use_horovod:
+                self._broadcast_horovod_state()
             for callback in self.callbacks.values():
                 callback.on_training_start()
             if self.profiling_enabled:
@@ -251,6 +252,14 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             )
             exit_stack.callback(self._progress.close)
             self._run()
+
+    def _broadcast_horovod_state(self) -> None:
+        """Horovod ranks start from the chief's (possibly restored) weights."""
+        import horovod.torch as hvd
+
+        hvd.broadcast_parameters(self.context._main_model.state_dict(), root_rank=0)
+        for optimizer in self.context.optimizers:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def _cleanup_iterator(self) -> None:
         # Shuts down DataLoader workers now rather than at garbage collection.
@@ -376,8 +385,3 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             if reached:
                 break
         return train_boundaries, per_batch
-
-
-def _horovod_requested() -> bool:
-    return os.environ.get("USE_HOROVOD", "").lower() in ("1", "true")
-

@@ -1,7 +1,8 @@
 """A Trainer script for the real-launcher tests (also run as one plain process).
 
     python dist_script.py agg       # Identity model, aggregation 2, validate every batch
-    python dist_script.py preempt   # slow OneVar batches; prints each batch on rank 0
+    python dist_script.py preempt   # slow batches; prints each batch on rank 0
+    python dist_script.py per-slot  # launches `agg` with det.launch_per_slot
 
 It never calls torch.distributed itself: det.pytorch.init() must start the
 process group under `det-launch torch` (FIX-8). Run dir and storage come from
@@ -89,7 +90,7 @@ def main(mode: str) -> int:
         if mode == "agg":
             trial: IdentityTrial = IdentityTrial(ctx)
             model = trial.model
-            if ctx.distributed.size > 1:
+            if ctx.distributed.size > 1 and not os.environ.get("USE_HOROVOD"):
                 assert isinstance(model, nn.parallel.DistributedDataParallel)
                 assert model.find_unused_parameters is True
                 assert torch.distributed.get_backend() == "gloo"
@@ -109,4 +110,8 @@ def main(mode: str) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "per-slot":  # our per-slot launcher: no MASTER_ADDR/PORT for torch
+        import determined_launch as det
+
+        sys.exit(det.launch_per_slot(lambda rank, local_rank: [sys.executable, __file__, "agg"]))
     sys.exit(main(sys.argv[1]))
