@@ -148,8 +148,10 @@ def _init(
                 enable_tensorboard_logging=enable_tensorboard_logging,
             )
             dist.shard_batch_size = lambda gbs: _shard(dist.size, gbs)  # type: ignore[attr-defined]
-            yield context
-            context._maybe_reset_tbd_writer()
+            try:
+                yield context
+            finally:
+                context._maybe_reset_tbd_writer()
     finally:
         if started_pg and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -303,6 +305,9 @@ class Trainer:
         if test_mode:
             max_length = Batch(1)
         resolved = self._resolve_checkpoint(latest_checkpoint)
+        dist = self._context.distributed
+        if dist.size > 1:  # every rank restores what the chief resolved
+            resolved = dist.broadcast(resolved)
         controller = self._trial.trial_controller_class(
             trial_inst=self._trial,
             context=self._context,
