@@ -64,10 +64,18 @@ class IdentityTrial(pytorch.PyTorchTrial):
 
 
 class SlowTrial(IdentityTrial):
+    """3 training records, global batch 2 on 2 ranks: rank 0's shard has 2
+    batches per epoch, rank 1's only 1; both must use the chief's epoch length."""
+
+    def build_training_data_loader(self) -> Any:
+        return pytorch.DataLoader(Records(3), batch_size=self.context.get_per_slot_batch_size())
+
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         time.sleep(0.03)
         out = super().train_batch(batch, epoch_idx, batch_idx)
-        if self.context.distributed.rank == 0:
+        rank = self.context.distributed.rank
+        print(f"rank {rank} finished batch {batch_idx} in epoch {epoch_idx}", flush=True)
+        if rank == 0:
             print(f"batch {batch_idx}", flush=True)
         return out
 
@@ -86,7 +94,8 @@ class SlowTrial(IdentityTrial):
 
 def main(mode: str) -> int:
     agg = 2 if mode == "agg" else 1
-    with pytorch.init(hparams={"global_batch_size": 4}, aggregation_frequency=agg, seed=3) as ctx:
+    gbs = 4 if mode == "agg" else 2
+    with pytorch.init(hparams={"global_batch_size": gbs}, aggregation_frequency=agg, seed=3) as ctx:
         if mode == "agg":
             trial: IdentityTrial = IdentityTrial(ctx)
             model = trial.model
