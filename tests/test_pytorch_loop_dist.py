@@ -140,8 +140,9 @@ def test_preemption_stops_all_ranks_checkpoints_exits_75_and_rerun_resumes(
     assert f"rank 1 startup {stopped}" in second.stdout
     assert f"batch {stopped}\n" in second.stdout and f"batch {stopped - 1}\n" not in second.stdout
     # Epoch sync: rank 1's shard is shorter, yet both count epochs by the chief's length (2).
+    line = r"rank (\d) finished batch (\d+) in epoch (\d+)"
     for text in (out, second.stdout):
-        for rank, batch, epoch in re.findall(r"rank (\d) finished batch (\d+) in epoch (\d+)", text):
+        for rank, batch, epoch in re.findall(line, text):
             assert int(epoch) == int(batch) // 2, (rank, batch, epoch)
     done = re.findall(r"rank (\d) finished batch (\d+)", out + second.stdout)
     assert {(int(r), int(b)) for r, b in done} == {(r, b) for r in (0, 1) for b in range(60)}
