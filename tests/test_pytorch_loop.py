@@ -254,3 +254,14 @@ def test_tensorboard_under_run_dir_and_optional_fix7(tmp_path: Path) -> None:
     writer = ctx.get_tensorboard_writer()
     writer.add_scalar("x", 1.0, 0)  # a real or a no-op writer: never raises
     assert not (tmp_path / "runs").exists()
+
+
+def test_schedules_and_epoch_periods(tmp_path: Path) -> None:
+    """Container periods are explicit schedules; Epoch periods land on epoch ends."""
+    run_trial(tmp_path, run="list", max_length=Batch(10), validation_period=Batch([3, 7]),
+              checkpoint_period=Batch(10**9), checkpoint_policy="none")
+    assert [r["steps_completed"] for r in reports(tmp_path, "validation", "list")] == [3, 7, 10]
+    run_trial(tmp_path, run="ep", trial_kwargs={"train_records": 16}, max_length=Batch(10),
+              validation_period=pytorch.Epoch(1), checkpoint_policy="none")
+    assert [r["steps_completed"] for r in reports(tmp_path, "validation", "ep")] == [4, 8, 10]
+    assert [r["metrics"]["epochs"] for r in reports(tmp_path, "validation", "ep")] == [1, 2, 2]
