@@ -171,3 +171,18 @@ def test_seed002_plain_init_build_trial_and_train(tmp_path: Path) -> None:
     assert metrics is not None and metrics["batches"] == 4
     assert metrics["val_loss"] == pytest.approx(0.998 ** 8, abs=1e-6)
     assert len(batch_metrics(tmp_path)) == 4
+
+
+def test_seed002_load_checkpoint_trial_and_predict(tmp_path: Path) -> None:
+    with pytorch.init(hparams=dict(HPARAMS), seed=1, run_dir=str(tmp_path / "run"),
+                      checkpoint_storage=str(tmp_path / "ckpt")) as ctx:
+        with pytest.raises(ValueError, match="no checkpoint yet"):
+            ctx.load_checkpoint_trial(OneVarTrial)
+        trial = ctx.build_trial(OneVarTrial)
+        pytorch.Trainer(trial, ctx).fit(max_length=pytorch.Batch(3))
+        loaded = ctx.load_checkpoint_trial(OneVarTrial)
+        w = float(loaded.model.weight.data[0, 0])
+        assert w == pytest.approx(1 - 0.998**3, abs=1e-7)
+        loader = pytorch.DataLoader(PairsDataset(8), batch_size=4)
+        outs = ctx.predict(trial, loader)
+    assert len(outs) == 2 and outs[0]["weight"] == pytest.approx(w)

@@ -80,6 +80,51 @@ class _Seed002Mixin:
         """Same as ``train`` (seed 002's checklist spelling)."""
         return self.train(trial, *args, **kwargs)
 
+    def load_checkpoint_trial(
+        self, trial_cls: type[PyTorchTrial], trial_id: Optional[int] = None,
+        storage_id: Optional[str] = None, **trial_kwargs: Any,
+    ) -> Any:
+        """Experimental (seed 002): the trial restored from ``storage_id`` in this
+        run's checkpoint storage (default: the newest checkpoint of this run).
+        ``trial_id`` is accepted for the seed's signature; without a master the
+        run directory decides which trial's checkpoints are "latest"."""
+        from determined_launch.pytorch._load import load_trial_from_checkpoint_path
+
+        core = self._core  # type: ignore[attr-defined]
+        if trial_id is not None:
+            logger.debug("load_checkpoint_trial(trial_id=%s): using this run's storage", trial_id)
+        sid = storage_id or core.checkpoint.latest()
+        if sid is None:
+            raise ValueError(
+                "load_checkpoint_trial(): this run has no checkpoint yet; pass storage_id="
+            )
+        with core.checkpoint.restore_path(sid) as path:
+            return load_trial_from_checkpoint_path(
+                str(path), trial_class=trial_cls, trial_kwargs=trial_kwargs or None
+            )
+
+    def predict(self, trial: PyTorchTrial, data_loader: Any) -> list[Any]:
+        """Experimental (seed 002): outputs of ``trial.predict_batch(batch)`` (or of
+        ``evaluate_batch`` when the trial has no ``predict_batch``) for every batch,
+        in eval mode without gradients, on this rank's device."""
+        import torch
+
+        models = list(self.models)  # type: ignore[attr-defined]
+        for model in models:
+            model.eval()
+        fn = getattr(trial, "predict_batch", None)
+        out: list[Any] = []
+        try:
+            with torch.no_grad():
+                for idx, batch in enumerate(data_loader):
+                    batch = self.to_device(batch)  # type: ignore[attr-defined]
+                    out.append(fn(batch) if fn is not None
+                               else trial.evaluate_batch(batch=batch, batch_idx=idx))
+        finally:
+            for model in models:
+                model.train()
+        return out
+
 
 class _InitHandle:
     """What ``det.pytorch.init()`` returns: a context manager (``with init() as
