@@ -265,3 +265,26 @@ def test_schedules_and_epoch_periods(tmp_path: Path) -> None:
               validation_period=pytorch.Epoch(1), checkpoint_policy="none")
     assert [r["steps_completed"] for r in reports(tmp_path, "validation", "ep")] == [4, 8, 10]
     assert [r["metrics"]["epochs"] for r in reports(tmp_path, "validation", "ep")] == [1, 2, 2]
+
+
+def test_evaluate_batch_without_batch_idx_and_full_dataset(tmp_path: Path) -> None:
+    from tests.pytorch_fixtures.onevar import OneVarTrial
+
+    class OldStyle(OneVarTrial):
+        def evaluate_batch(self, batch: Any) -> dict[str, Any]:  # type: ignore[override]
+            data, label = batch
+            return {"val_loss": self.loss_fn(self.model(data), label)}
+
+    class Full(OneVarTrial):
+        evaluate_batch = pytorch.PyTorchTrial.evaluate_batch  # type: ignore[assignment]
+
+        def evaluate_full_dataset(self, data_loader: Any) -> dict[str, Any]:
+            n = sum(len(b[0]) for b in data_loader)
+            return {"records": n, "weight": self._weight()}
+
+    run_trial(tmp_path, OldStyle, run="old", max_length=Batch(2))
+    run_trial(tmp_path, Full, run="full", max_length=Batch(2))
+    old = reports(tmp_path, "validation", "old")[-1]["metrics"]
+    full = reports(tmp_path, "validation", "full")[-1]["metrics"]
+    assert old["val_loss"] == pytest.approx(0.998**4, abs=1e-6)
+    assert full["records"] == 64 and full["weight"] == pytest.approx(1 - 0.998**2, abs=1e-7)
