@@ -97,6 +97,10 @@ def test_gradient_aggregation_two_ranks_equal_one_process(
     launches.append(launch)
     assert launch.wait(120) == 0, launch.stdout + launch.stderr
     assert _weights(tmp_path) == pytest.approx(AGG_WEIGHTS, abs=1e-6)
+    # The chief reports one (rank-averaged) metrics dict per global batch.
+    training = read_jsonl(tmp_path / "run" / "training.jsonl")
+    assert sum(len(r["batch_metrics"]) for r in training) == 16
+    assert training[-1]["metrics"]["batches"] == 16
     finals = _finals(launch.stdout)
     assert sorted(f["rank"] for f in finals) == [0, 1] and {f["size"] for f in finals} == {2}
     assert finals[0]["weight"] == finals[1]["weight"]
