@@ -36,6 +36,8 @@ class _DDP(nn.parallel.DistributedDataParallel):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "module":  # not set yet (during __init__/unpickling): no recursion
+                raise
             return getattr(self.module, name)
 
 
