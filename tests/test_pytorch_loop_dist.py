@@ -7,9 +7,12 @@ import importlib.util
 import json
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -45,6 +48,28 @@ def _weights(tmp_path: Path) -> list[float]:
 def _plain(out: str) -> str:
     """Launcher output without the ``[rank=N] `` prefixes."""
     return re.sub(r"^\[rank=\d+\] ", "", out, flags=re.M)
+
+
+def _read_rest(launch: Launch, timeout: float = 60) -> tuple[str, str]:
+    """The rest of a launcher's stdout and stderr once it exits."""
+    proc = launch.proc
+    chunks: dict[str, str] = {}
+
+    def drain(name: str, stream: Any) -> None:
+        chunks[name] = stream.read()
+
+    threads = [threading.Thread(target=drain, args=(n, st), daemon=True)
+               for n, st in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in threads:
+        t.start()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    for t in threads:
+        t.join(10)
+    return chunks.get("out", ""), chunks.get("err", "")
 
 
 def _finals(out: str) -> list[dict]:
@@ -125,8 +150,11 @@ def test_preemption_stops_all_ranks_checkpoints_exits_75_and_rerun_resumes(
         assert line and time.monotonic() < deadline, seen
         seen += _plain(line)
     first.send_signal(signal.SIGUSR1)
-    assert first.wait(60) == EXIT_PREEMPTED, first.stdout + first.stderr
-    out = seen + _plain(first.stdout)
+    # Keep reading through the same text wrapper: communicate() would read the
+    # raw pipe and lose what readline() has already buffered.
+    rest, err = _read_rest(first)
+    assert first.proc.returncode == EXIT_PREEMPTED, rest + err
+    out = seen + _plain(rest)
     stopped = max(int(b) for b in re.findall(r"^batch (\d+)$", out, re.M)) + 1
     assert stopped < 60, "preemption did not stop training early"
     # Both ranks stopped after the same batch and left fit() normally.
@@ -149,7 +177,8 @@ def test_preemption_stops_all_ranks_checkpoints_exits_75_and_rerun_resumes(
         for rank, batch, epoch in re.findall(line, text):
             assert int(epoch) == int(batch) // 2, (rank, batch, epoch)
     done = re.findall(r"rank (\d) finished batch (\d+)", out + second.stdout)
-    assert {(int(r), int(b)) for r, b in done} == {(r, b) for r in (0, 1) for b in range(60)}
+    missing = {(r, b) for r in (0, 1) for b in range(60)} - {(int(r), int(b)) for r, b in done}
+    assert not missing, (missing, out, second.stdout)
     resumed = _finals(second.stdout)
     # 60 batches in all: the same final weight as 1 - 0.998-like closed form of this model.
     assert resumed[0]["weight"] == resumed[1]["weight"]
