@@ -282,11 +282,13 @@ class _OptimMixin:
             return
         if self._use_amp:
             loss = self._scaler.scale(loss)
-        with contextlib.ExitStack() as stack:
-            if self._managed_training and not self._should_communicate_and_update():
-                for model in self.models:
-                    if isinstance(model, nn.parallel.DistributedDataParallel):
-                        stack.enter_context(model.no_sync())
+        ddp = [m for m in self.models if isinstance(m, nn.parallel.DistributedDataParallel)]
+        if not ddp or not self._managed_training or self._should_communicate_and_update():
+            loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
+            return
+        with contextlib.ExitStack() as stack:  # accumulate locally: no all-reduce this batch
+            for model in ddp:
+                stack.enter_context(model.no_sync())
             loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
 
     @staticmethod
@@ -318,13 +320,15 @@ class _OptimMixin:
             return
         if self._use_horovod:
             optimizer.synchronize()  # type: ignore[attr-defined]
-        params = self._parameters(optimizer)
-        if self._optimizer_averaging.get(id(optimizer), self._average_aggregated_gradients):
-            self._average_gradients(iter(params), self._aggregation_frequency)
+        agg = self._aggregation_frequency
+        if agg > 1 and self._optimizer_averaging.get(
+            id(optimizer), self._average_aggregated_gradients
+        ):
+            self._average_gradients(iter(self._parameters(optimizer)), agg)
         if clip_grads is not None:
             if self._use_amp:
                 self._scaler.unscale_(optimizer)
-            clip_grads(iter(params))
+            clip_grads(iter(self._parameters(optimizer)))
         step_scaler = scaler if scaler is not None else (self._scaler if self._use_amp else None)
         with contextlib.ExitStack() as stack:
             if self._use_horovod:  # already synchronized above

@@ -5,6 +5,7 @@ metric conversion and the NaN-loss warning."""
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from typing import Any
 
@@ -67,12 +68,20 @@ class _BatchMixin:
         return metrics
 
     def _check_nan(self, metrics: dict[str, Any], batch_idx: int) -> None:
+        """Warn once when the loss becomes NaN (training goes on: no hang, no crash)."""
+        if self._warned_nan:
+            return
         loss = metrics.get("loss")
+        if loss is None:
+            return
         try:
-            bad = loss is not None and bool(np.any(np.isnan(loss)))
-        except TypeError:
-            bad = False
-        if bad and not self._warned_nan:
+            if isinstance(loss, np.ndarray) and loss.size == 1:
+                bad = math.isnan(float(loss))  # the common case, without numpy ufuncs
+            else:
+                bad = bool(np.any(np.isnan(loss)))
+        except (TypeError, ValueError):
+            return
+        if bad:
             self._warned_nan = True
             logger.warning("loss is NaN at batch %d; training continues (check the learning "
                            "rate and the data)", batch_idx)
