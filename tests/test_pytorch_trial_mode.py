@@ -63,3 +63,10 @@ def test_trial_mode_max_length_fallback_and_test_mode(tmp_path: Path,
     assert len(batch_metrics(tmp_path)) == 3
     with pytest.raises(ValueError, match="test_mode is only supported in local"):
         run_trial(tmp_path, max_length=pytorch.Batch(1), test_mode=True)
+
+
+def test_trial_mode_hparams_default_to_the_trials(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _trial_info(tmp_path, monkeypatch, 5)
+    with pytorch.init(run_dir=str(tmp_path / "r")) as ctx:
+        assert ctx.get_hparams() == HPARAMS and ctx.get_global_batch_size() == 4

@@ -115,6 +115,9 @@ def _init(
     seed: Optional[int] = None,
 ) -> Iterator[PyTorchTrialContext]:
     info = get_cluster_info()
+    if hparams is None and info.trial is not None:
+        # A superset of upstream (which leaves hparams unset): the trial's own.
+        hparams = dict(info.trial.hparams)
     started_pg = False
     if distributed is None:
         distributed, started_pg = _auto_distributed()
