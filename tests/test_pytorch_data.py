@@ -235,6 +235,10 @@ def test_to_device_warns_once_per_type(caplog: pytest.LogCaptureFixture) -> None
     assert messages.count("Was not able to move data item of type 'ndarray' to device.") == 1
     assert messages.count("Was not able to move data item of type 'str' to device.") == 1
     assert warned == {np.ndarray, str}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="determined_launch.pytorch"):
+        pytorch.to_device({"a": ["s", "t"], "b": ("u",)}, "cpu")  # no set given: one per call
+    assert len(caplog.records) == 1
 
 
 def test_to_device_calls_custom_to() -> None:

@@ -322,14 +322,17 @@ def to_device(
 
     Anything that cannot move is returned unchanged, with one warning per type.
     """
-    if warned_types is None:
-        warned_types = set()
-    if isinstance(data, dict):
-        return {k: to_device(v, device, warned_types) for k, v in data.items()}  # type: ignore[misc]
+    # Runs on every batch: tensors first, and no set built unless something warns.
+    if isinstance(data, torch.Tensor):
+        return data.to(device)
+    if warned_types is None and isinstance(data, (tuple, list, dict)):
+        warned_types = set()  # shared by the whole batch: one warning per type
+    if isinstance(data, tuple):
+        return tuple([to_device(x, device, warned_types) for x in data])  # type: ignore[misc]
     if isinstance(data, list):
         return [to_device(x, device, warned_types) for x in data]  # type: ignore[misc]
-    if isinstance(data, tuple):
-        return tuple(to_device(x, device, warned_types) for x in data)  # type: ignore[misc]
+    if isinstance(data, dict):
+        return {k: to_device(v, device, warned_types) for k, v in data.items()}  # type: ignore[misc]
     if isinstance(data, np.ndarray):
         # torch has float, complex, int, uint and bool tensors; other kinds stay arrays.
         if data.dtype.kind in "fciub":
@@ -338,6 +341,8 @@ def to_device(
         move = getattr(data, "to", None)
         if callable(move):
             return move(device)
+    if warned_types is None:
+        warned_types = set()
     if type(data) not in warned_types:
         warned_types.add(type(data))
         logger.warning(f"Was not able to move data item of type '{type(data).__name__}' to device.")

@@ -181,7 +181,7 @@ def _convert_metrics_to_numpy(metrics: Dict[str, Any]) -> Dict[str, Any]:
     """Tensors -> numpy arrays, in place (and returned)."""
     for name, value in metrics.items():
         if isinstance(value, torch.Tensor):
-            metrics[name] = value.detach().cpu().numpy()
+            metrics[name] = value.numpy(force=True)  # = detach().cpu().numpy(), faster
     return metrics
 
 

@@ -203,11 +203,17 @@ def check_boundaries(
     boundary is reached after every batch.
     """
     any_reached = False
+    count = batch_idx + 1
     for boundary in boundaries:
+        unit = boundary.unit
+        value = unit.value
         if test_mode and boundary.step_type is _TrainBoundaryType.TRAIN:
             reached = True
+        elif type(unit) is Batch and type(value) is int:
+            # The per-batch common case, inlined (same rule as TrainUnit._divides).
+            reached = value < 1 or count % value == 0
         else:
-            reached = unit_reached(boundary.unit, batch_idx, epoch_len)
+            reached = unit_reached(unit, batch_idx, epoch_len)
         if reached:
             boundary.limit_reached = True
             any_reached = True
