@@ -288,3 +288,35 @@ def test_evaluate_batch_without_batch_idx_and_full_dataset(tmp_path: Path) -> No
     full = reports(tmp_path, "validation", "full")[-1]["metrics"]
     assert old["val_loss"] == pytest.approx(0.998**4, abs=1e-6)
     assert full["records"] == 64 and full["weight"] == pytest.approx(1 - 0.998**2, abs=1e-7)
+
+
+def test_crash_then_rerun_resumes_from_last_checkpoint(tmp_path: Path) -> None:
+    """Upstream's failable fixture: fail at batch 7, rerun continues at batch 6."""
+    from tests.pytorch_fixtures.onevar import OneVarTrial
+
+    class Failable(OneVarTrial):
+        fail_at: Any = 7
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            if batch_idx == self.fail_at:
+                raise RuntimeError("failing on purpose")
+            return super().train_batch(batch, epoch_idx, batch_idx)
+
+    with pytest.raises(RuntimeError, match="on purpose"):
+        run_trial(tmp_path, Failable, max_length=Batch(10), checkpoint_period=Batch(3))
+    assert list(checkpoints(tmp_path)) == [3, 6]
+    Failable.fail_at = None
+    events: list[Any] = []
+
+    class Rerun(Failable):
+        def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+            from tests.pytorch_fixtures.onevar import Recorder
+
+            return {"r": Recorder(events)}
+
+    trial, _ = run_trial(tmp_path, Rerun, max_length=Batch(10), checkpoint_period=Batch(3),
+                         latest_checkpoint="latest")
+    assert events[0][:2] == ("trial_startup", 6)
+    from tests.pytorch_fixtures.onevar import expected_weight
+
+    assert float(trial.model.weight.data[0, 0]) == pytest.approx(expected_weight(10), abs=1e-7)
