@@ -313,3 +313,18 @@ def test_checkpoint_load_context_is_unmanaged_single_process() -> None:
     assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
     with pytest.raises(ValueError):
         ctx.get_experiment_config()
+
+
+def test_same_named_module_already_imported_does_not_shadow(
+    trained: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two experiments' `model_def`: the one already imported (not from this
+    checkpoint's code/) is set aside for the import and restored afterwards."""
+    import types
+
+    ckpt, module = trained
+    other = types.ModuleType(module)
+    monkeypatch.setitem(sys.modules, module, other)
+    trial = pytorch.load_trial_from_checkpoint_path(str(ckpt))
+    assert type(trial).__name__ == "LoadTrial"
+    assert sys.modules[module] is other

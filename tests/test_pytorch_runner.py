@@ -300,7 +300,8 @@ def test_cli_errors_one_line_exit_2(
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "model_def", raising=False)
+    monkeypatch.setitem(sys.modules, "model_def", None)  # restored after the test
+    monkeypatch.delitem(sys.modules, "model_def")
     for var in ("DET_CLUSTER_INFO_FILE",):
         monkeypatch.delenv(var, raising=False)
     assert runner_main.main(args) == 2

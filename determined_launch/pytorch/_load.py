@@ -22,6 +22,7 @@ import importlib
 import logging
 import os
 import pathlib
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
@@ -109,19 +110,47 @@ def _legacy_context(config: Mapping[str, Any], hparams: Optional[dict]) -> PyTor
 
 
 @contextlib.contextmanager
-def _in_code_dir(code_dir: pathlib.Path) -> Iterator[None]:
+def _in_code_dir(code_dir: pathlib.Path, module_name: str) -> Iterator[None]:
     """Import from ``code/`` with it as the working directory (model definitions
-    of that era read files such as const.yaml relative to it), as Determined does."""
+    of that era read files such as const.yaml relative to it), as Determined does.
+
+    An already imported module of the same top-level name that does not come
+    from ``code/`` (the usual ``model_def`` of another experiment, or of the
+    working directory) is set aside for the import and put back afterwards,
+    so the checkpoint's own code is what gets imported.
+    """
     from determined_launch._user import import_from_path
 
+    top = module_name.split(".")[0]
+    stashed = {
+        name: mod
+        for name, mod in sys.modules.items()
+        if (name == top or name.startswith(top + ".")) and not _comes_from(mod, code_dir)
+    }
+    for name in stashed:
+        del sys.modules[name]
     old = os.getcwd()
-    with import_from_path(code_dir):
-        if code_dir.is_dir():
-            os.chdir(code_dir)
-        try:
-            yield
-        finally:
-            os.chdir(old)
+    try:
+        with import_from_path(code_dir):
+            if code_dir.is_dir():
+                os.chdir(code_dir)
+            try:
+                yield
+            finally:
+                os.chdir(old)
+    finally:
+        sys.modules.update(stashed)
+
+
+def _comes_from(module: Any, directory: pathlib.Path) -> bool:
+    file = getattr(module, "__file__", None)
+    if not file:
+        return False
+    try:
+        pathlib.Path(file).resolve().relative_to(directory.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def _import_spec(spec: str) -> Any:
@@ -195,7 +224,7 @@ def load_trial_from_checkpoint_path(
 
     if trial_class is None:
         try:
-            with _in_code_dir(ckpt_dir / "code"):
+            with _in_code_dir(ckpt_dir / "code", spec.partition(":")[0]):
                 trial_class = _import_spec(spec)
         except Exception as e:
             raise ValueError(
