@@ -130,3 +130,57 @@ def test_legacy_runner_two_ranks_then_load(workdir: Path, launches: list[Launch]
     sys.modules.pop("model_def", None)
     sys.modules.pop("data", None)
     assert not launch.leftovers()
+
+
+@pytest.mark.slow
+def test_legacy_runner_preempted_exits_75_and_rerun_resumes(
+    workdir: Path, launches: list[Launch]
+) -> None:
+    """A preemption request to the launcher stops the legacy runner with a checkpoint
+    and status 75; the same command (here with a nearer max_length) resumes there."""
+    import signal
+
+    from determined_launch.errors import EXIT_PREEMPTED
+
+    config = (workdir / "const.yaml").read_text()
+    long = config.replace("batches: 300", "batches: 5000").replace(
+        "scheduling_unit: 50", "scheduling_unit: 5"
+    )
+    (workdir / "long.yaml").write_text(long)
+    cmd = [
+        sys.executable,
+        "-m",
+        "determined_launch.cli",
+        "--slots",
+        "1",
+        "torch",
+        "--",
+        sys.executable,
+        "-m",
+        "determined_launch.pytorch",
+        "--config",
+        "long.yaml",
+        "model_def:MNistTrial",
+    ]
+    first = _LaunchIn(cmd, base_env(), workdir)
+    launches.append(first)
+    assert first.proc.stderr is not None
+    seen = ""
+    while "report_training_metrics" not in seen:  # training is under way
+        line = first.proc.stderr.readline()
+        assert line, seen[-3000:]
+        seen += line
+    first.send_signal(signal.SIGUSR1)
+    assert first.wait(120) == EXIT_PREEMPTED, first.stdout[-2000:] + first.stderr[-3000:]
+    pointer = json.loads((workdir / "det_runs" / "local" / "latest_checkpoint.json").read_text())
+    stopped = int(pointer["metadata"]["steps_completed"])
+    assert 5 <= stopped < 5000
+
+    short = long.replace("batches: 5000", f"batches: {stopped + 5}")
+    (workdir / "long.yaml").write_text(short)
+    second = _LaunchIn(cmd, base_env(), workdir)
+    launches.append(second)
+    assert second.wait(120) == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    steps = _steps(workdir, "training")
+    assert steps[-1] == stopped + 5 and steps.count(stopped + 5) == 1
+    assert not second.leftovers()
