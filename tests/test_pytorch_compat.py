@@ -233,3 +233,45 @@ def _upstream_version(python: str) -> Optional[str]:
 
 def test_side_environment_is_determined_0_38_1(peer_python: str) -> None:
     assert _upstream_version(peer_python) == "0.38.1"
+
+
+LEGACY_CONFIG = """
+hyperparameters:
+  lr: {type: const, val: 0.001}
+  global_batch_size: 4
+searcher:
+  name: single
+  metric: val_loss
+  max_length: {batches: 6}
+entrypoint: compat_trial:CompatTrial
+"""
+
+
+def test_legacy_runner_checkpoint_loads_in_determined(
+    peer_python: str, work: Path, tmp_path: Path
+) -> None:
+    """load_data.json without is_trainer: Determined takes its legacy-shim path,
+    rebuilding the context from the experiment config the runner stored."""
+    (work / "const.yaml").write_text(LEGACY_CONFIG)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "determined_launch.pytorch",
+            "--config",
+            "const.yaml",
+            "compat_trial:CompatTrial",
+        ],
+        cwd=work,
+        env=_ours_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    ours = _our_latest(tmp_path)
+    assert "is_trainer" not in json.loads((ours / "load_data.json").read_text())
+    loaded = _run(peer_python, ["load_theirs.py", str(ours)], work, _theirs_env(tmp_path))
+    assert loaded["cls"] == "CompatTrial"
+    assert loaded["w"] == pytest.approx(w(6), abs=1e-6)
+    assert loaded["hparams"] == {"lr": 0.001, "global_batch_size": 4}
