@@ -366,6 +366,11 @@ def test_copy_code_excludes_storage_rundir_and_defaults(tmp_path: Path) -> None:
         "runs/events",
         "det_runs/checkpoints/abc/state_dict.pth",
         "det_runs/run/training.jsonl",
+        "det_runs/other-run/tensorboard/events",
+        "sub/det_runs/kept.py",
+        "store/ckpts/abc/state_dict.pth",
+        "store/run/validation.jsonl",
+        "store/other.py",
         "data/big.bin",
         "notes.txt",
         "x.pyc",
@@ -374,12 +379,22 @@ def test_copy_code_excludes_storage_rundir_and_defaults(tmp_path: Path) -> None:
         (src / rel).write_text("x")
     (src / ".detignore").write_text("# comment\ndata/\n*.txt\n!keep.txt\n")
     (src / "keep.txt").write_text("k")
-    dst = src / "det_runs" / "checkpoints" / "new" / "code"  # inside the source tree
-    stats = ckio.copy_code(
-        src, dst, exclude=[src / "det_runs" / "checkpoints", src / "det_runs" / "run"]
-    )
-    assert _tree(dst) == {"train.py", "pkg", "pkg/model.py", "keep.txt"}
-    assert stats.files == 3 and stats.skipped_reason is None
+    # Storage and run directory given explicitly (not under ./det_runs, which is
+    # ignored by default); the destination lies inside the storage, inside the source.
+    dst = src / "store" / "ckpts" / "new" / "code"
+    stats = ckio.copy_code(src, dst, exclude=[src / "store" / "ckpts", src / "store" / "run"])
+    assert _tree(dst) == {
+        "train.py",
+        "pkg",
+        "pkg/model.py",
+        "keep.txt",
+        "sub",
+        "sub/det_runs",
+        "sub/det_runs/kept.py",
+        "store",
+        "store/other.py",
+    }
+    assert stats.files == 5 and stats.skipped_reason is None
 
 
 def test_copy_code_never_follows_symlinks(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ checkpoint would contain all earlier ones. The copy therefore leaves out:
 * the paths given in ``exclude`` (checkpoint storage, run directory) and the
   destination itself;
 * Determined's default ignore list, plus ``runs/`` (TensorBoard's default
-  directory) and tool caches, plus the patterns of a ``.detignore`` file in
-  the source root (a gitignore subset: ``#`` comments, ``!`` negation,
-  ``dir/`` for directories only, ``/x`` or ``a/b`` anchored at the root,
-  ``*``/``?``/``[...]`` wildcards);
+  directory), ``./det_runs/`` (the default runs root) and tool caches, plus
+  the patterns of a ``.detignore`` file in the source root (a gitignore
+  subset: ``#`` comments, ``!`` negation, ``dir/`` for directories only,
+  ``/x`` or ``a/b`` anchored at the root, ``*``/``?``/``[...]`` wildcards);
 * the contents of symbolic links: a link is copied as a link, never followed;
 * everything, with a warning, when the total exceeds ``DET_CHECKPOINT_CODE_MAX_MB``
   (default 32): a partial copy would look importable and not be.
@@ -52,6 +52,7 @@ DEFAULT_IGNORE = (
     ".mypy_cache/",
     "/shared_fs",
     "runs/",
+    "/det_runs/",  # the default root of run directories and checkpoint storage
     ".pytest_cache/",
     ".ruff_cache/",
     ".tox/",
