@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
 
 if TYPE_CHECKING:
-    from determined_launch import core
+    from determined_launch import core, errors, pytorch
+    from determined_launch._user import InvalidHP, import_from_path
     from determined_launch.core import DistributedContext, DistributedError
     from determined_launch.launcher import launch_per_slot
+    from determined_launch.pytorch._units import Batches, Epochs
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 
@@ -29,6 +31,15 @@ _LAZY = {
     "DistributedContext": "determined_launch.core",
     "DistributedError": "determined_launch.core",
     "launch_per_slot": "determined_launch.launcher",
+    # The PyTorch Trial/Trainer API imports torch, so only on first use.
+    "pytorch": "determined_launch.pytorch",
+    "Epochs": "determined_launch.pytorch._units",
+    "Batches": "determined_launch.pytorch._units",
+    "InvalidHP": "determined_launch._user",
+    "import_from_path": "determined_launch._user",
+    "errors": "determined_launch.errors",
+    # Determined's test helpers call det._DistributedBackend() (spec 2.13).
+    "_DistributedBackend": "determined_launch.core._dummy",
 }
 
 
@@ -42,11 +53,17 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "LOG_FORMAT",
+    "Batches",
     "ClusterInfo",
     "DistributedContext",
     "DistributedError",
+    "Epochs",
+    "InvalidHP",
     "TrialInfo",
     "core",
+    "errors",
     "get_cluster_info",
+    "import_from_path",
     "launch_per_slot",
+    "pytorch",
 ]

@@ -28,3 +28,18 @@ class LaunchError(Exception):
 
 class ClusterInfoError(LaunchError):
     """Rendezvous information is present but unusable (bad file, bad env)."""
+
+
+# --- Determined's exception names (``det.errors.X``) used by the PyTorch API ---
+
+
+class InvalidExperimentException(Exception):
+    """The trial or its configuration is unusable (e.g. a bad evaluation reducer)."""
+
+
+class InternalException(Exception):
+    """A condition the framework should never reach; report it as a bug."""
+
+
+class InvalidCheckpointException(Exception):
+    """A checkpoint is missing files or was written by an incompatible trial."""

@@ -1,6 +1,7 @@
 """Worker-side library: coordination, preemption and the local Core API."""
 
 from determined_launch.core._context import Context, init
+from determined_launch.core._dummy import DummyTrainContext, _dummy_init  # noqa: F401
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.distributed import DistributedContext, DistributedError
 from determined_launch.core.preempt import PreemptContext, PreemptMode
@@ -12,6 +13,7 @@ __all__ = [
     "Context",
     "DistributedContext",
     "DistributedError",
+    "DummyTrainContext",
     "PreemptContext",
     "PreemptMode",
     "SearcherContext",

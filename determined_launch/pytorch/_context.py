@@ -1,0 +1,328 @@
+"""``PyTorchTrialContext``: what a ``PyTorchTrial`` receives.
+
+Same constructor and methods as Determined 0.38.1 (see the spec, 2.3). The
+optimization methods (``wrap_*``, ``backward``, ``step_optimizer``) live in
+``_context_optim._OptimMixin``; the seed-002 aliases in ``_compat``.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+
+from determined_launch import errors
+from determined_launch.pytorch import _amp, _context_optim
+from determined_launch.pytorch._compat import _Seed002Mixin
+from determined_launch.pytorch._context_optim import _OptimMixin
+from determined_launch.pytorch._data import to_device as _to_device
+from determined_launch.pytorch._reducer import MetricReducer, _PyTorchReducerContext
+
+logger = logging.getLogger("determined_launch.pytorch")
+
+
+def calculate_batch_sizes(hparams: Optional[dict[str, Any]], slots: int) -> tuple[int, int]:
+    """``(per_slot, global)`` from ``hparams["global_batch_size"]`` and the rank count."""
+    if not hparams or "global_batch_size" not in hparams:
+        raise ValueError(
+            "global_batch_size is not set: pass hparams={'global_batch_size': N, ...} to "
+            "det.pytorch.init() (or set it under hyperparameters in the experiment config)"
+        )
+    gbs = hparams["global_batch_size"]
+    if isinstance(gbs, bool) or not isinstance(gbs, int):
+        raise errors.InvalidExperimentException(
+            f"global_batch_size must be an integer, got {gbs!r}; "
+            "set hparams['global_batch_size'] to an int"
+        )
+    slots = max(slots, 1)
+    if gbs < slots:
+        raise errors.InvalidExperimentException(
+            f"global_batch_size ({gbs}) is smaller than the number of slots ({slots}); "
+            "it must be at least one record per slot"
+        )
+    per_slot = gbs // slots
+    effective = per_slot * slots
+    if effective != gbs:
+        logger.warning(
+            "global_batch_size %d is not divisible by %d slots; using an effective global "
+            "batch size of %d (%d per slot)", gbs, slots, effective, per_slot
+        )
+    return per_slot, effective
+
+
+class PyTorchExperimentalContext:
+    """``context.experimental``: AMP and the data-loader checks."""
+
+    def __init__(self, parent: PyTorchTrialContext) -> None:
+        self._parent = parent
+        self._auto_to_device = True
+        self._data_repro_checks_disabled = False
+
+    def use_amp(self) -> None:
+        """Automatic mixed precision: autocast forward passes, scale losses
+        (disabled on CPU, as upstream). Call before ``wrap_model``."""
+        self._parent.wrap_scaler(_amp.new_grad_scaler())
+        self._parent._use_amp = True
+        logger.info("enabled automatic mixed precision (AMP)")
+
+    def disable_dataset_reproducibility_checks(self) -> None:
+        """Allow plain ``torch.utils.data.DataLoader``s (you handle sharding/resume)."""
+        self._data_repro_checks_disabled = True
+
+    def disable_auto_to_device(self) -> None:
+        """Do not move batches to the device before ``train_batch``/``evaluate_batch``."""
+        self._auto_to_device = False
+
+
+class _NullWriter:
+    """Stands in for a TensorBoard ``SummaryWriter`` when tensorboard is missing
+    (FIX-7): every method is a no-op, so user logging code never crashes."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
+    """Context of one trial: distributed layout, hyperparameters, wrapped objects."""
+
+    def __init__(
+        self,
+        core_context: Any,
+        trial_seed: Optional[int],
+        hparams: Optional[dict],
+        slots_per_trial: int,
+        num_gpus: int,
+        exp_conf: Optional[dict[str, Any]],
+        aggregation_frequency: int,
+        steps_completed: int,
+        managed_training: bool,
+        debug_enabled: bool,
+        enable_tensorboard_logging: bool = True,
+    ) -> None:
+        if not isinstance(aggregation_frequency, int) or aggregation_frequency < 1:
+            raise errors.InvalidExperimentException(
+                f"aggregation_frequency must be an integer >= 1, got {aggregation_frequency!r}"
+            )
+        self._core = core_context
+        self.distributed = core_context.distributed
+        self._trial_seed = trial_seed
+        self._hparams = hparams
+        self._num_gpus = num_gpus
+        self._exp_conf = exp_conf
+        self._aggregation_frequency = aggregation_frequency
+        self._steps_completed = steps_completed
+        self._managed_training = managed_training
+        self._debug_enabled = debug_enabled
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+        self._slots_per_trial = slots_per_trial
+
+        self._per_slot_batch_size: Optional[int] = None
+        self._global_batch_size: Optional[int] = None
+        if hparams and "global_batch_size" in hparams:
+            self._per_slot_batch_size, self._global_batch_size = calculate_batch_sizes(
+                hparams, self.distributed.size
+            )
+
+        self.device = self._pick_device()
+        self.models: list[nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[Any] = []
+        self._main_model = nn.Module()
+        self._scaler: Any = None
+        self._use_amp = False
+        self._use_apex = False
+        self._loss_ids: dict[Any, int] = {}
+        self._last_backward_batch_idx: Optional[int] = None
+        self._average_aggregated_gradients = True
+        self._fp16_compression = False
+        self._optimizer_averaging: dict[int, bool] = {}
+        self._is_pre_trainer = False
+        # Horovod: gradients are averaged by hvd.DistributedOptimizer, not DDP.
+        self._use_horovod = (
+            managed_training and self.distributed.size > 1 and _context_optim.horovod_requested()
+        )
+
+        self._epoch_len: Optional[int] = None
+        self._current_batch_idx: Optional[int] = None
+        self._stop_requested = False
+        self._to_device_warned_types: set[type] = set()
+        self._reducers = _PyTorchReducerContext(self.distributed.allgather)
+        self._tbd_writer: Any = None
+        self.profiler: Any = None
+        self.experimental = PyTorchExperimentalContext(self)
+
+    def _pick_device(self) -> torch.device:
+        if not self._managed_training or self._num_gpus <= 0 or not torch.cuda.is_available():
+            return torch.device("cpu")
+        index = getattr(self.distributed, "local_rank", 0) if self.distributed.size > 1 else 0
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    # ------------------------------------------------------------ configuration
+    def get_global_batch_size(self) -> int:
+        """Records per optimizer step across all ranks (``hparams["global_batch_size"]``)."""
+        if self._global_batch_size is None:
+            raise ValueError(
+                "global_batch_size is undefined: pass hparams={'global_batch_size': N} to "
+                "det.pytorch.init() to use get_global_batch_size()"
+            )
+        return self._global_batch_size
+
+    def get_per_slot_batch_size(self) -> int:
+        """Records per batch on this rank: global batch size // number of ranks."""
+        if self._per_slot_batch_size is None:
+            raise ValueError(
+                "per-slot batch size is undefined: pass hparams={'global_batch_size': N} to "
+                "det.pytorch.init() to use get_per_slot_batch_size()"
+            )
+        return self._per_slot_batch_size
+
+    def get_experiment_config(self) -> dict[str, Any]:
+        if self._exp_conf is None:
+            raise ValueError("exp_conf is undefined: pass exp_conf= to det.pytorch.init()")
+        return self._exp_conf
+
+    def get_data_config(self) -> dict[str, Any]:
+        return dict(self.get_experiment_config().get("data") or {})
+
+    def get_hparams(self) -> dict[str, Any]:
+        if self._hparams is None:
+            raise ValueError("hparams is undefined: pass hparams= to det.pytorch.init()")
+        return self._hparams
+
+    def get_hparam(self, name: str) -> Any:
+        hparams = self.get_hparams()
+        if name == "global_batch_size":
+            logger.warning(
+                "Please use `context.get_per_slot_batch_size()` and "
+                "`context.get_global_batch_size()` instead of accessing "
+                "`global_batch_size` directly."
+            )
+        if name not in hparams:
+            raise ValueError(
+                f"Could not find name '{name}' in experiment hyperparameters "
+                f"{sorted(hparams)}; check the spelling or add it to hparams"
+            )
+        return hparams[name]
+
+    def get_trial_seed(self) -> int:
+        if self._trial_seed is None:
+            raise errors.InternalException("Trial seed not set.")
+        return self._trial_seed
+
+    def get_initial_batch(self) -> int:
+        """The batch index training starts (or resumes) from."""
+        return self._steps_completed
+
+    def get_experiment_id(self) -> int:
+        trial = getattr(getattr(self._core, "info", None), "trial", None)
+        return int(getattr(trial, "experiment_id", None) or 0)
+
+    def get_trial_id(self) -> int:
+        trial = getattr(getattr(self._core, "info", None), "trial", None)
+        return int(trial.trial_id) if trial is not None else 0
+
+    def get_stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask training to stop (with a checkpoint) at the next reporting boundary."""
+        if not isinstance(stop_requested, bool):
+            raise AssertionError("stop_requested must be a boolean")
+        self._stop_requested = stop_requested
+
+    # ------------------------------------------------------------ epochs and batches
+    def _check_training_started(self, need_epoch_len: bool = True) -> None:
+        if self._current_batch_idx is None:
+            raise errors.InternalException("Training hasn't started.")
+        if need_epoch_len and self._epoch_len is None:
+            raise errors.InternalException("Training DataLoader uninitialized.")
+
+    def is_epoch_start(self) -> bool:
+        self._check_training_started()
+        return self._current_batch_idx % self._epoch_len == 0  # type: ignore[operator]
+
+    def is_epoch_end(self) -> bool:
+        self._check_training_started()
+        return (
+            self._current_batch_idx % self._epoch_len  # type: ignore[operator]
+            == self._epoch_len - 1  # type: ignore[operator]
+        )
+
+    def current_train_epoch(self) -> int:
+        self._check_training_started()
+        return self._current_batch_idx // self._epoch_len  # type: ignore[operator]
+
+    def current_train_batch(self) -> int:
+        self._check_training_started(need_epoch_len=False)
+        return self._current_batch_idx  # type: ignore[return-value]
+
+    # ------------------------------------------------------------ data
+    def to_device(self, data: Any) -> Any:
+        """Move tensors/arrays (nested in dicts, lists, tuples) to ``self.device``."""
+        return _to_device(data, self.device, self._to_device_warned_types)
+
+    # ------------------------------------------------------------ reducers
+    def wrap_reducer(
+        self,
+        reducer: Union[Callable, MetricReducer],
+        name: Optional[str] = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> MetricReducer:
+        return self._reducers.wrap_reducer(reducer, name, for_training, for_validation)
+
+    def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
+        return self._reducers.reduce_metrics(for_training)
+
+    def reset_reducers(self) -> None:
+        self._reducers.reset_reducers()
+
+    # ------------------------------------------------------------ tensorboard
+    def get_enable_tensorboard_logging(self) -> bool:
+        return self._enable_tensorboard_logging
+
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """``<run_dir>/tensorboard`` (FIX-7: never inside the code copy)."""
+        train = getattr(self._core, "train", None)
+        if train is not None and hasattr(train, "get_tensorboard_path"):
+            return pathlib.Path(train.get_tensorboard_path())
+        explicit = getattr(self._core, "tensorboard_path", None)
+        if explicit:
+            return pathlib.Path(explicit)
+        run_dir = getattr(self._core, "run_dir", None)
+        if run_dir is None:
+            return pathlib.Path(tempfile.gettempdir(), "det-tensorboard")
+        return pathlib.Path(run_dir, "tensorboard")
+
+    def get_tensorboard_writer(self) -> Any:
+        """A ``SummaryWriter`` on ``get_tensorboard_path()``; a no-op writer when
+        tensorboard is not installed."""
+        if self._tbd_writer is None:
+            from determined_launch.pytorch import _tensorboard
+
+            path = type(self).get_tensorboard_path(self)
+            writer = _tensorboard.make_writer(path) if self.distributed.rank == 0 else None
+            self._tbd_writer = writer if writer is not None else _NullWriter()
+        return self._tbd_writer
+
+    def _maybe_reset_tbd_writer(self) -> None:
+        """Flush (and close) the writer so event files are complete on disk."""
+        if self._tbd_writer is not None and not isinstance(self._tbd_writer, _NullWriter):
+            self._tbd_writer.close()
+            self._tbd_writer = None
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """``torch.profiler.profile(*args, **kwargs)`` run around each training batch,
+        traces written to the TensorBoard directory."""
+        path = str(type(self).get_tensorboard_path(self))
+        self.profiler = torch.profiler.profile(
+            *args, on_trace_ready=torch.profiler.tensorboard_trace_handler(path), **kwargs
+        )

@@ -1,0 +1,247 @@
+"""Checkpoint save and restore for the controller (spec 3.10, format section 4).
+
+Saving goes through ``core_context.checkpoint.store_path`` (atomic commit);
+the files are Determined's, written by ``_checkpoint_io``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+
+from determined_launch.core._rundir import read_jsonl
+from determined_launch.pytorch import _checkpoint_io as cio
+
+logger = logging.getLogger("determined_launch.pytorch")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("determined_launch")
+    except Exception:  # not installed (a checkout on PYTHONPATH)
+        return "0+local"
+
+
+class _CheckpointMixin:
+    context: Any
+    core_context: Any
+    trial: Any
+    state: Any
+    callbacks: dict[str, Any]
+    is_chief: bool
+    trial_id: int
+    latest_checkpoint: Optional[str]
+    steps_completed: int
+
+    # ------------------------------------------------------------ where
+    @contextlib.contextmanager
+    def _restore_path(self, checkpoint: str) -> Iterator[pathlib.Path]:
+        """A checkpoint directory (FIX-10) or a storage id in our storage."""
+        if os.path.isdir(checkpoint):
+            yield pathlib.Path(checkpoint)
+            return
+        with self.core_context.checkpoint.restore_path(checkpoint) as path:
+            yield pathlib.Path(path)
+
+    def _is_trusted(self, path: pathlib.Path) -> bool:
+        """Our own storage: a full unpickle may be used as a fallback (FIX-3)."""
+        storage = getattr(self.core_context.checkpoint, "storage_dir", None)
+        if storage is None:
+            return False
+        try:
+            path.resolve().relative_to(pathlib.Path(storage).resolve())
+        except ValueError:
+            return False
+        return True
+
+    def _resume_offset(self) -> int:
+        """FIX-1: the batch index to resume from, read before anything is built,
+        because callbacks, the data loader skip and period arithmetic need it.
+        0 for a fresh start or a checkpoint of another trial (warm start)."""
+        if self.latest_checkpoint is None:
+            return self.steps_completed
+        with self._restore_path(self.latest_checkpoint) as path:
+            saved = cio.read_trial_state(path)
+        if saved is None:
+            return 0
+        saved_id = saved.get("trial_id")
+        if saved_id is not None and int(saved_id) != self.trial_id:
+            return 0
+        return int(saved.get("batches_trained") or 0)
+
+    # ------------------------------------------------------------ save
+    def _checkpoint_is_current(self) -> bool:
+        return bool(self.state.last_ckpt == self.state.batches_trained)
+
+    def _checkpoint(self, already_exiting: bool) -> None:
+        self.state.last_ckpt = self.state.batches_trained
+        dist = self.context.distributed
+        uuid = ""
+        if self.is_chief:
+            metadata = {
+                "determined_version": _version(),
+                "steps_completed": self.state.batches_trained,
+                "framework": f"torch-{torch.__version__}",
+                "format": "pickle",
+                "trial_id": self.trial_id,
+                "trial_seed": self.context._trial_seed,
+            }
+            with self.core_context.checkpoint.store_path(metadata) as (path, storage_id):
+                self._save(pathlib.Path(path))
+                uuid = storage_id
+        if dist.size > 1:
+            uuid = dist.broadcast(uuid)
+        self.latest_storage_id = uuid
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_upload_end(uuid=uuid)
+        if already_exiting:
+            logger.info("saved checkpoint %s at batch %d before exiting", uuid,
+                        self.state.batches_trained)
+
+    def _save(self, path: pathlib.Path) -> None:
+        ctx = self.context
+        storage = getattr(self.core_context.checkpoint, "storage_dir", None)
+        run_dir = getattr(self.core_context, "run_dir", None)
+        exclude = [p for p in (storage, run_dir) if p is not None]
+        cio.copy_code(os.getcwd(), path / "code", exclude=exclude)
+        ckpt: dict[str, Any] = {
+            "models_state_dict": [cio.model_state_for_save(m) for m in ctx.models],
+            "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
+            "lr_schedulers_state_dict": [s.state_dict() for s in ctx.lr_schedulers],
+            "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
+            "rng_state": cio.rng_state(getattr(ctx.distributed, "local_rank", 0)),
+        }
+        if ctx._scaler is not None:
+            ckpt["scaler_state_dict"] = ctx._scaler.state_dict()
+        if ctx._use_apex:
+            import apex
+
+            ckpt["amp_state"] = apex.amp.state_dict()
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_save_start(ckpt)
+        cio.save_state(ckpt, path)
+        cio.write_trial_state(path, vars(self.state))
+        cio.write_load_data(
+            path, type(self.trial), ctx._hparams, ctx._exp_conf,
+            is_trainer=not ctx._is_pre_trainer,
+        )
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_end(str(path))
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_write_end(str(path))
+
+    # ------------------------------------------------------------ restore
+    def _load(self, load_path: pathlib.Path) -> None:
+        from determined_launch.pytorch._trial import _state_from_dict
+
+        ctx = self.context
+        load_path = pathlib.Path(load_path)
+        ckpt = cio.load_state(load_path, trusted=self._is_trusted(load_path))
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_load_start(ckpt)
+        self._load_models(ckpt)
+        self._load_list(ckpt, "optimizers_state_dict", "optimizer_state_dict", ctx.optimizers)
+        self._load_list(ckpt, "lr_schedulers_state_dict", "lr_scheduler", ctx.lr_schedulers)
+        if "scaler_state_dict" in ckpt:
+            if ctx._scaler is not None:
+                ctx._scaler.load_state_dict(ckpt["scaler_state_dict"])
+            else:
+                logger.warning("the checkpoint has a GradScaler state but no scaler was wrapped; "
+                               "ignoring it")
+        elif ctx._scaler is not None:
+            logger.warning("a GradScaler was wrapped but the checkpoint has no scaler state")
+        if "amp_state" in ckpt and ctx._use_apex:
+            import apex
+
+            apex.amp.load_state_dict(ckpt["amp_state"])
+        cio.restore_rng_state(ckpt.get("rng_state"), getattr(ctx.distributed, "local_rank", 0))
+        saved_callbacks = ckpt.get("callbacks") or {}
+        for name, callback in self.callbacks.items():
+            if name in saved_callbacks:
+                callback.load_state_dict(saved_callbacks[name])
+            elif type(callback).load_state_dict is not _base_load_state_dict():
+                logger.warning(
+                    "callback %r has load_state_dict() but the checkpoint has no state for it",
+                    name,
+                )
+        saved = cio.read_trial_state(load_path, epoch_len=ctx._epoch_len)
+        saved_id = saved.get("trial_id") if saved else None
+        if saved and (saved_id is None or int(saved_id) == self.trial_id):
+            self.state = _state_from_dict(saved, self.trial_id)
+            self.state.trial_id = self.trial_id
+        else:
+            # Another trial's checkpoint: warm start (weights only), counters from zero.
+            self.state = _state_from_dict(None, self.trial_id)
+        if self.state.batches_trained and self.state.batches_trained == self._last_validation():
+            self.state.last_val = self.state.batches_trained
+
+    def _load_models(self, ckpt: dict[str, Any]) -> None:
+        models = self.context.models
+        if "model_state_dict" in ckpt:
+            if "models_state_dict" in ckpt:
+                raise RuntimeError(
+                    "Both model_state_dict and models_state_dict in checkpoint."
+                )
+            if len(models) > 1:
+                raise RuntimeError(
+                    "Old-format checkpoint cannot be loaded into a context with more than one "
+                    "model."
+                )
+            cio.load_model_state(models[0], ckpt["model_state_dict"])
+            return
+        states = ckpt.get("models_state_dict") or []
+        if len(states) != len(models):
+            raise RuntimeError(
+                f"the checkpoint holds {len(states)} model(s) but the trial wrapped "
+                f"{len(models)}; it comes from a different trial class"
+            )
+        for model, state in zip(models, states):
+            cio.load_model_state(model, state)
+
+    @staticmethod
+    def _load_list(ckpt: dict[str, Any], key: str, legacy: str, targets: list[Any]) -> None:
+        if key in ckpt:
+            states = ckpt[key]
+        elif legacy in ckpt:
+            states = [ckpt[legacy]]
+        else:
+            return
+        if len(states) != len(targets):
+            raise RuntimeError(
+                f"the checkpoint holds {len(states)} entries under {key!r} but the trial "
+                f"wrapped {len(targets)}; it comes from a different trial"
+            )
+        for target, state in zip(targets, states):
+            target.load_state_dict(state)
+
+    def _last_validation(self) -> Optional[int]:
+        """``steps_completed`` of this trial's last validation (the master's
+        answer where there is one, else this run directory's)."""
+        ask = getattr(self.core_context.train, "_get_last_validation", None)
+        if ask is not None:
+            last = ask()
+            return None if last is None else int(last)
+        run_dir = getattr(self.core_context, "run_dir", None)
+        if run_dir is None:
+            return None
+        try:
+            records = read_jsonl(f"{run_dir}/validation.jsonl")
+        except FileNotFoundError:
+            return None
+        trial_id = None if self.trial_id == 0 else self.trial_id
+        steps = [r.get("steps_completed") for r in records if r.get("trial_id") == trial_id]
+        return int(steps[-1]) if steps and steps[-1] is not None else None
+
+
+def _base_load_state_dict() -> Any:
+    from determined_launch.pytorch._callback import PyTorchCallback
+
+    return PyTorchCallback.load_state_dict
