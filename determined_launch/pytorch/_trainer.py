@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from determined_launch import core
+from determined_launch import LOG_FORMAT, core
 from determined_launch.cluster import get_cluster_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._checkpoint_io import find_state_file
@@ -114,6 +114,10 @@ def _init(
     tensorboard_path: Optional[str] = None,
     seed: Optional[int] = None,
 ) -> Iterator[PyTorchTrialContext]:
+    if not logging.getLogger().handlers:
+        # `python train.py` should show its progress lines (one INFO line per
+        # report) without logging set up by hand; a configured root wins.
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     info = get_cluster_info()
     if hparams is None and info.trial is not None:
         # A superset of upstream (which leaves hparams unset): the trial's own.
