@@ -1,6 +1,7 @@
 """Wire format of ``DistributedContext`` messages: framing and HMAC-SHA256.
 
-Every message is one ZeroMQ frame::
+Every message is one frame (a ZeroMQ frame on the ``zmq`` transport, a
+length-prefixed record on the default stream-socket transport)::
 
     offset  size  field
     0       2     magic  b"DL"
@@ -15,8 +16,8 @@ Every message is one ZeroMQ frame::
 Why this shape:
 
 - One frame, not a multipart message: a single ``send``/``recv`` per message
-  is the cheapest thing pyzmq does, and there is no frame boundary an
-  attacker could shift.
+  is the cheapest thing either transport does, and there is no frame
+  boundary an attacker could shift.
 - The MAC is checked with ``hmac.compare_digest`` before *anything* else in
   the frame is trusted; only then is the header unpacked, and only payloads
   of authenticated frames ever reach ``pickle.loads`` (in ``distributed``).
