@@ -3,6 +3,7 @@
     det-launch [LAUNCHER OPTIONS] torch    [TORCH_OVERRIDES... --] SCRIPT...
     det-launch [LAUNCHER OPTIONS] horovod  [HVD_ARGS... --] SCRIPT...
     det-launch [LAUNCHER OPTIONS] deepspeed [DS_ARGS... --] SCRIPT...
+    det-launch [LAUNCHER OPTIONS] exec -- CMD...      (CMD once per node)
     det-launch [--detector D] info
 
 Launcher options come before the subcommand so they can never be confused
@@ -34,6 +35,7 @@ BACKENDS = {
     "torch": ("determined_launch.backends.torch_distributed", "torch_distributed"),
     "horovod": ("determined_launch.backends.horovod", "horovod"),
     "deepspeed": ("determined_launch.backends.deepspeed", "deepspeed"),
+    "exec": ("determined_launch.backends.exec", "exec"),
 }
 
 
