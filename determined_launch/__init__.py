@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from determined_launch.launcher import launch_per_slot
     from determined_launch.pytorch._units import Batches, Epochs
 
-LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
+from determined_launch._user import LOG_FORMAT
 
 #: attribute -> the module that defines it (or is it)
 _LAZY = {

@@ -1,4 +1,5 @@
-"""Small user-facing helpers from ``import determined as det``: InvalidHP, import_from_path.
+"""Small user-facing helpers from ``import determined as det``: InvalidHP,
+import_from_path, LOG_FORMAT (and ``show_info_logs``, which uses it).
 
 Kept apart from the package ``__init__`` so the lazy table can load them
 without importing anything heavy (no torch, no ZeroMQ).
@@ -7,9 +8,19 @@ without importing anything heavy (no torch, no ZeroMQ).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from typing import Iterator
+
+LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
+
+
+def show_info_logs() -> None:
+    """INFO lines on stderr when the program set up no logging of its own
+    (a configured root logger wins), so progress lines show by default."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
 class InvalidHP(Exception):

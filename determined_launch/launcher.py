@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars, values
+from determined_launch import config, envvars
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
@@ -86,16 +86,6 @@ class LauncherOptions:
             slots=v["slots"],
             **extra,
         )
-
-
-def parse_signals(raw: Optional[str], where: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    """``values.signals`` with a default for an empty value; errors name ``where``."""
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return values.signals(raw)
-    except ValueError as e:
-        raise LaunchError(f"{where}: {e}") from None
 
 
 def split_overrides(argv: Sequence[str], usage: str) -> BackendArgs:

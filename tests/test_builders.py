@@ -6,12 +6,13 @@ import signal
 
 import pytest
 
+from determined_launch import config, values
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime
 from determined_launch.backends.torch_distributed import build_plan, torchrun_argv
 from determined_launch.cluster import ClusterInfo
 from determined_launch.errors import LaunchError
-from determined_launch.launcher import _ports, job_secret, parse_signals, split_overrides
+from determined_launch.launcher import _ports, job_secret, split_overrides
 
 RUNTIME = JobRuntime(
     job_dir="/j", master_port=29400, control_port=29401, dist_port=29402, secret="k" * 32,
@@ -79,13 +80,15 @@ def test_split_overrides() -> None:
 
 
 def test_parse_signals() -> None:
-    assert parse_signals("USR1@90", "x", ()) == (signal.SIGUSR1,)
-    assert parse_signals("TERM, sigusr2", "x", ()) == (signal.SIGTERM, signal.SIGUSR2)
-    assert parse_signals(None, "x", (1,)) == (1,)
-    with pytest.raises(LaunchError, match="unknown signal 'BOGUS'"):
-        parse_signals("BOGUS", "x", ())
-    with pytest.raises(LaunchError, match="cannot be caught"):
-        parse_signals("KILL", "x", ())
+    assert values.signals("USR1@90") == (signal.SIGUSR1,)
+    assert values.signals("TERM, sigusr2") == (signal.SIGTERM, signal.SIGUSR2)
+    # No value: the option table's default.
+    assert config.resolve({"DET_PREEMPT_SIGNALS": ""})["preempt_signals"] == (
+        signal.SIGTERM, signal.SIGUSR1)
+    with pytest.raises(LaunchError, match="DET_PREEMPT_SIGNALS: unknown signal 'BOGUS'"):
+        config.resolve({"DET_PREEMPT_SIGNALS": "BOGUS"})
+    with pytest.raises(ValueError, match="cannot be caught"):
+        values.signals("KILL")
 
 
 def test_ports() -> None:

@@ -138,11 +138,10 @@ def _describe(plan: RunPlan) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from determined_launch import LOG_FORMAT
+    from determined_launch._user import show_info_logs
     from determined_launch.cluster.detect import get_cluster_info
 
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    show_info_logs()
     try:
         ns = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
         config = read_config(ns.config) if ns.config else None

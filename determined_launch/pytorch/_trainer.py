@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 import torch
 
-from determined_launch import LOG_FORMAT, core
+from determined_launch import core
+from determined_launch._user import show_info_logs
 from determined_launch.cluster import get_cluster_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._checkpoint_io import find_state_file
@@ -114,10 +115,7 @@ def _init(
     tensorboard_path: Optional[str] = None,
     seed: Optional[int] = None,
 ) -> Iterator[PyTorchTrialContext]:
-    if not logging.getLogger().handlers:
-        # `python train.py` should show its progress lines (one INFO line per
-        # report) without logging set up by hand; a configured root wins.
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    show_info_logs()  # `python train.py` shows its progress lines
     info = get_cluster_info()
     if hparams is None and info.trial is not None:
         # A superset of upstream (which leaves hparams unset): the trial's own.
@@ -185,14 +183,8 @@ def init(
     """``with det.pytorch.init(hparams=..., exp_conf=...) as context:`` (also
     usable as a plain call, seed 002). Creates the Core API context, the
     distributed setup and the seeds; yields a ``PyTorchTrialContext``."""
-    kwargs = dict(
-        hparams=hparams, exp_conf=exp_conf, distributed=distributed,
-        aggregation_frequency=aggregation_frequency,
-        enable_tensorboard_logging=enable_tensorboard_logging,
-        checkpoint_storage=checkpoint_storage, run_dir=run_dir,
-        tensorboard_path=tensorboard_path, seed=seed,
-    )
-    return _InitHandle(lambda: _init(**kwargs))  # type: ignore[arg-type]
+    kwargs = dict(locals())  # exactly the arguments above, passed on to _init
+    return _InitHandle(lambda: _init(**kwargs))
 
 
 def _check_unit(value: Any, name: str) -> None:

@@ -26,7 +26,7 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.supervisor import verdict as v
 from determined_launch.supervisor.config import SupervisorConfig
 from determined_launch.supervisor.files import write_private_file
-from determined_launch.supervisor.processes import ProcessSet
+from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
@@ -159,9 +159,15 @@ class Supervisor:
         """Wait for what outlived the plan's processes (the workers of a
         framework launcher that a stop killed), still answering signals:
         TERM was sent when the stop began, KILL follows ``kill_after`` after
-        it, and a second Ctrl-C or TERM kills at once."""
+        it, and a second Ctrl-C or TERM kills at once. Bounded like
+        ``ProcessSet.ensure_gone``: never a hang on an unkillable process."""
         deadline = (self._term_sent_at or time.monotonic()) + self.config.kill_after
+        give_up: Optional[float] = None
         while self.processes.live_descendants():
+            if give_up is not None and time.monotonic() > give_up:
+                logger.warning("det-launch: processes still alive %gs after KILL; leaving them",
+                               GIVE_UP_AFTER_KILL)
+                break
             if self._term_sent_at is None:
                 self.processes.signal_all(signal.SIGTERM)
                 self._term_sent_at = time.monotonic()
@@ -170,6 +176,7 @@ class Supervisor:
             if hurry or time.monotonic() >= deadline:
                 self.processes.signal_all(signal.SIGKILL)
                 deadline = time.monotonic() + v.KILL_REPEAT
+                give_up = give_up or time.monotonic() + GIVE_UP_AFTER_KILL
             select.select([self._wake_r], [], [], _TICK)
             self._clear_wakeups()
             self.processes.reap()

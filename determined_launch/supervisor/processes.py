@@ -25,6 +25,9 @@ from determined_launch.errors import LaunchError
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
 _POLL = 0.05
+#: Seconds of repeated KILLs after which a process that still lives (stuck
+#: in the kernel, uninterruptible) is left behind rather than hang the launcher.
+GIVE_UP_AFTER_KILL = 5.0
 
 
 def exit_status_of(returncode: int) -> int:
@@ -188,7 +191,7 @@ class ProcessSet:
             while time.monotonic() < deadline and self.live_descendants():
                 self.reap()
                 time.sleep(_POLL)
-        for _ in range(100):
+        for _ in range(int(GIVE_UP_AFTER_KILL / _POLL)):
             live = self.live_descendants()
             if not live:
                 break
