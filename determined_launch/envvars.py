@@ -17,7 +17,7 @@ USE_TORCH_DISTRIBUTED = "USE_TORCH_DISTRIBUTED"
 USE_HOROVOD = "USE_HOROVOD"
 USE_DEEPSPEED = "USE_DEEPSPEED"
 
-# DistributedContext transport (core/distributed.py).
+# DistributedContext transport (core/distributed/).
 DIST_SECRET = "DET_DIST_SECRET"  # job secret for HMAC-SHA256; hex or any string >= 16 chars
 DIST_PORT = "DET_DIST_PORT"  # chief's TCP port for cross-node traffic
 DIST_IPC_DIR = "DET_DIST_IPC_DIR"  # private directory for node-local ipc:// sockets

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from determined_launch.cluster.hostlist import parse_task_counts
-from determined_launch.core import _dist_env
-from determined_launch.core._dist_env import Layout, detect
 from determined_launch.core.distributed import DistributedConfigError, DistributedContext
+from determined_launch.core.distributed import env as dist_env
+from determined_launch.core.distributed.env import Layout, detect
 
 TORCHRUN = {
     "RANK": "5",
@@ -115,34 +115,34 @@ def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None
 
 
 def test_tasks_per_node_and_first_host() -> None:
-    count = functools.partial(_dist_env._slurm, parse_task_counts, var="X")
+    count = functools.partial(dist_env._slurm, parse_task_counts, var="X")
     assert count("4(x2),3,1(x1)") == [4, 4, 3, 1]
     with pytest.raises(DistributedConfigError, match="X: cannot parse"):
         count("4(x")
 
 
 def test_port_resolution_order() -> None:
-    assert _dist_env.resolve_port(1234, {"DET_DIST_PORT": "99"}) == 1234
-    assert _dist_env.resolve_port(None, {"DET_DIST_PORT": "99", "MASTER_PORT": "5"}) == 99
-    assert _dist_env.resolve_port(None, {"MASTER_PORT": "29500"}) == 29502
-    assert _dist_env.resolve_port(None, {}) == _dist_env.DEFAULT_PORT
+    assert dist_env.resolve_port(1234, {"DET_DIST_PORT": "99"}) == 1234
+    assert dist_env.resolve_port(None, {"DET_DIST_PORT": "99", "MASTER_PORT": "5"}) == 99
+    assert dist_env.resolve_port(None, {"MASTER_PORT": "29500"}) == 29502
+    assert dist_env.resolve_port(None, {}) == dist_env.DEFAULT_PORT
     with pytest.raises(DistributedConfigError, match="invalid"):
-        _dist_env.resolve_port(None, {"DET_DIST_PORT": "70000"})
+        dist_env.resolve_port(None, {"DET_DIST_PORT": "70000"})
 
 
 def test_timeout_secret_and_transport_resolution() -> None:
-    assert _dist_env.resolve_timeout(None, {"DET_DIST_TIMEOUT": "2.5"}) == 2.5
-    assert _dist_env.resolve_timeout(None, {}) is None
+    assert dist_env.resolve_timeout(None, {"DET_DIST_TIMEOUT": "2.5"}) == 2.5
+    assert dist_env.resolve_timeout(None, {}) is None
     with pytest.raises(DistributedConfigError, match="DET_DIST_TIMEOUT"):
-        _dist_env.resolve_timeout(None, {"DET_DIST_TIMEOUT": "soon"})
-    assert _dist_env.resolve_secret(None, {"DET_DIST_SECRET": "s" * 16}) == "s" * 16
-    assert _dist_env.resolve_secret(None, {"DET_DIST_SECRET": ""}) is None
+        dist_env.resolve_timeout(None, {"DET_DIST_TIMEOUT": "soon"})
+    assert dist_env.resolve_secret(None, {"DET_DIST_SECRET": "s" * 16}) == "s" * 16
+    assert dist_env.resolve_secret(None, {"DET_DIST_SECRET": ""}) is None
     with pytest.raises(DistributedConfigError, match="DET_DIST_SECRET is too short"):
-        _dist_env.resolve_secret(None, {"DET_DIST_SECRET": "short"})
-    assert _dist_env.resolve_transport(None, {}) == "direct"
-    assert _dist_env.resolve_transport(None, {"DET_DIST_TRANSPORT": "zmq"}) == "zmq"
+        dist_env.resolve_secret(None, {"DET_DIST_SECRET": "short"})
+    assert dist_env.resolve_transport(None, {}) == "direct"
+    assert dist_env.resolve_transport(None, {"DET_DIST_TRANSPORT": "zmq"}) == "zmq"
     with pytest.raises(DistributedConfigError, match="carrier-pigeon"):
-        _dist_env.resolve_transport("carrier-pigeon", {})
+        dist_env.resolve_transport("carrier-pigeon", {})
 
 
 def test_private_dir_must_be_0700_and_ours(tmp_path: Path) -> None:
@@ -151,10 +151,10 @@ def test_private_dir_must_be_0700_and_ours(tmp_path: Path) -> None:
     os.chmod(shared, 0o755)
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
-    assert _dist_env.private_dir(str(private)) == str(private)
-    assert _dist_env.private_dir(str(shared)) is None
-    assert _dist_env.private_dir(str(tmp_path / "missing")) is None
-    assert _dist_env.private_dir(None) is None
+    assert dist_env.private_dir(str(private)) == str(private)
+    assert dist_env.private_dir(str(shared)) is None
+    assert dist_env.private_dir(str(tmp_path / "missing")) is None
+    assert dist_env.private_dir(None) is None
 
 
 def test_from_torch_distributed_without_torchrun_is_a_config_error() -> None:
@@ -178,7 +178,7 @@ def test_from_env_single_rank_layouts_need_no_sockets() -> None:
 def test_slurm_chief_is_the_first_host_of_the_one_hostlist_parser(
     nodelist: str, chief: str
 ) -> None:
-    assert _dist_env.slurm_chief({"SLURM_STEP_NODELIST": nodelist}) == chief
+    assert dist_env.slurm_chief({"SLURM_STEP_NODELIST": nodelist}) == chief
 
 
 def test_slurm_chief_that_does_not_resolve_fails_at_once_naming_it() -> None:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from determined_launch.core import _dist_direct, _dist_links, wire
-from determined_launch.core._dist_chan import IdleTimeout
+from determined_launch.core.distributed.transport import direct, links, wire
+from determined_launch.core.distributed.transport.chan import IdleTimeout
 
 KEY = wire.job_key("k" * 32)
 SKEY = wire.session_key(KEY, b"n" * 16)
@@ -128,8 +128,8 @@ class _Feed:
         pass
 
 
-def _hub(feed: _Feed) -> _dist_links.Hub:
-    return _dist_links.Hub(
+def _hub(feed: _Feed) -> links.Hub:
+    return links.Hub(
         feed,  # type: ignore[arg-type]
         rank=0,
         key=KEY,
@@ -156,7 +156,7 @@ def test_hub_receive_loop_survives_garbage(
 @settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=400))
 def test_member_receive_path_survives_garbage(no_unpickling: None, data: bytes) -> None:
-    member = _dist_links.Member(
+    member = links.Member(
         _Feed([]),  # type: ignore[arg-type]
         b"\x01" * 16,
         rank=1,
@@ -172,7 +172,7 @@ def test_member_receive_path_survives_garbage(no_unpickling: None, data: bytes) 
 
 
 def test_replayed_frames_are_dropped() -> None:
-    member = _dist_links.Member(
+    member = links.Member(
         _Feed([]),  # type: ignore[arg-type]
         b"\x01" * 16,
         rank=1,
@@ -192,9 +192,9 @@ def test_replayed_frames_are_dropped() -> None:
 
 
 def test_hello_replayed_on_another_connection_is_dropped() -> None:
-    peer = _dist_links.Peer(1, 2, 1, 2, 0, 1)
+    peer = links.Peer(1, 2, 1, 2, 0, 1)
     rid = b"\x01" + os.urandom(15)
-    hello = wire.encode(KEY, wire.HELLO, 1, 1, 0, _dist_links.pack_hello(peer, b"m" * 16, rid))
+    hello = wire.encode(KEY, wire.HELLO, 1, 1, 0, links.pack_hello(peer, b"m" * 16, rid))
     feed = _Feed([(rid, hello), (b"\x01" + os.urandom(15), hello)])
     hub = _hub(feed)
     assert hub._recv(False) is None and hub._recv(False) is None
@@ -218,13 +218,13 @@ def test_direct_hub_channel_survives_garbage_over_a_socket(
     Unix socket into the direct transport's parser and the hub."""
     path = tmp_path_factory.mktemp("fz") / "h.sock"
     drops = wire.DropLog(logging.getLogger("test.fuzz"))
-    chan = _dist_direct.DirectHubChannel(drops, "fuzz")
+    chan = direct.DirectHubChannel(drops, "fuzz")
     chan.bind(f"ipc://{path}")
-    hub = _dist_links.Hub(
+    hub = links.Hub(
         chan, rank=0, key=KEY, drops=drops, where="fuzz", expected=1, check_hello=lambda p: None
     )
     try:
-        for prefix in (b"", _dist_direct.PREAMBLE + os.urandom(16)):
+        for prefix in (b"", direct.PREAMBLE + os.urandom(16)):
             with socket.socket(socket.AF_UNIX) as client:
                 client.connect(str(path))
                 client.sendall(prefix + data)
@@ -244,12 +244,12 @@ def test_direct_hub_channel_survives_garbage_over_a_socket(
 def test_oversized_frame_before_authentication_closes_the_connection(tmp_path: Path) -> None:
     path = tmp_path / "h.sock"
     drops = wire.DropLog(logging.getLogger("test.big"))
-    chan = _dist_direct.DirectHubChannel(drops, "big")
+    chan = direct.DirectHubChannel(drops, "big")
     chan.bind(f"ipc://{path}")
     try:
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(str(path))
-            client.sendall(_dist_direct.PREAMBLE + b"r" * 16 + (10**9).to_bytes(8, "big"))
+            client.sendall(direct.PREAMBLE + b"r" * 16 + (10**9).to_bytes(8, "big"))
             for _ in range(50):
                 try:
                     chan.recv(True)

@@ -1,4 +1,4 @@
-"""Errors raised by ``DistributedContext`` (re-exported from ``distributed``)."""
+"""Errors raised by ``DistributedContext`` (re-exported by the package)."""
 
 from __future__ import annotations
 

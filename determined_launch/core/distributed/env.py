@@ -17,8 +17,8 @@ from typing import Callable, Optional, TypeVar
 
 from determined_launch import envvars, values
 from determined_launch.cluster.hostlist import expand_hostlist, lookup_address, parse_task_counts
-from determined_launch.core._dist_chan import TRANSPORTS
-from determined_launch.core._dist_errors import DistributedConfigError
+from determined_launch.core.distributed.errors import DistributedConfigError
+from determined_launch.core.distributed.transport.chan import TRANSPORTS
 from determined_launch.errors import ClusterInfoError
 
 logger = logging.getLogger("determined_launch.core.distributed")

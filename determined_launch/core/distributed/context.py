@@ -8,7 +8,7 @@ Determined's implementation lacks:
   worker unpickle bytes (``wire``);
 - a dead peer makes every other rank's collective raise ``DistributedError``
   within seconds, naming the missing ranks, instead of blocking forever
-  (``_dist_links``);
+  (``links``);
 - ports come from the launcher (``DET_DIST_PORT``) or the caller, a busy
   port is a one-line error, and single-node jobs listen on ipc:// in a
   private directory or on loopback only.
@@ -38,12 +38,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from determined_launch import envvars
-from determined_launch.core import _dist_env, wire
-from determined_launch.core._dist_chan import LINGER_MS
-from determined_launch.core._dist_errors import DistributedConfigError, DistributedError
+from determined_launch.core.distributed import env as _dist_env
+from determined_launch.core.distributed.errors import DistributedConfigError, DistributedError
+from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.transport.chan import LINGER_MS
 
 if TYPE_CHECKING:
-    from determined_launch.core._dist_links import Hub, Member, Peer
+    from determined_launch.core.distributed.transport.links import Hub, Member, Peer
 
 __all__ = ["DistributedConfigError", "DistributedContext", "DistributedError", "InsecureWarning"]
 
@@ -252,7 +253,7 @@ class DistributedContext:
             )
 
     def _peer(self, local_addr: str = "") -> Peer:
-        from determined_launch.core._dist_links import Peer
+        from determined_launch.core.distributed.transport.links import Peer
 
         return Peer(
             self.rank,
@@ -308,15 +309,15 @@ class DistributedContext:
     def _channels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """(hub channel class, member channel class) of the transport."""
         if self.transport == "zmq":
-            from determined_launch.core import _dist_zmq
+            from determined_launch.core.distributed.transport import zeromq as _dist_zmq
 
             return _dist_zmq.ZmqHubChannel, _dist_zmq.ZmqMemberChannel
-        from determined_launch.core import _dist_direct
+        from determined_launch.core.distributed.transport import direct as _dist_direct
 
         return _dist_direct.DirectHubChannel, _dist_direct.DirectMemberChannel
 
     def _hub(self, where: str, expected: int, check: Callable[[Peer], Optional[str]]) -> Hub:
-        from determined_launch.core._dist_links import Hub
+        from determined_launch.core.distributed.transport.links import Hub
 
         hub = Hub(
             self._channels()[0](self._drops, where),
@@ -331,7 +332,7 @@ class DistributedContext:
         return hub
 
     def _member(self, where: str, hub_rank: int, role: str, addr: str) -> Member:
-        from determined_launch.core._dist_links import Member, new_rid
+        from determined_launch.core.distributed.transport.links import Member, new_rid
 
         rid = new_rid()
         member = Member(
@@ -385,7 +386,7 @@ class DistributedContext:
             self._global_member.idle_check(time.monotonic())
 
     def _bind_global(self, hub: Hub, addr: str) -> None:
-        from determined_launch.core._dist_chan import BindError
+        from determined_launch.core.distributed.transport.chan import BindError
 
         how = "choose a free one with DistributedContext(port=...) or " + envvars.DIST_PORT
         if addr.startswith("ipc://"):

@@ -28,8 +28,13 @@ from typing import Any, Optional, Union
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from determined_launch.core import wire
-from determined_launch.core._dist_chan import LINGER_MS, SLICE_MS, BindError, IdleTimeout
+from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.transport.chan import (
+    LINGER_MS,
+    SLICE_MS,
+    BindError,
+    IdleTimeout,
+)
 
 _SOCKOPTS = {
     zmq.SNDHWM: 0,  # never drop or block a result because a peer is busy computing

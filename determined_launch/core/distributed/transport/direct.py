@@ -36,8 +36,8 @@ import time
 from collections import deque
 from typing import Optional, Union
 
-from determined_launch.core import wire
-from determined_launch.core._dist_chan import SLICE_MS, BindError, IdleTimeout
+from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.transport.chan import SLICE_MS, BindError, IdleTimeout
 
 PREAMBLE = b"DLC1"
 RID_SIZE = 16

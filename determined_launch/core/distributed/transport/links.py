@@ -1,7 +1,7 @@
 """The link protocol of a ``DistributedContext``: one hub, many members.
 
 A *hub* (the chief, or a node's local chief) listens; each *member*
-connects to it. The transport underneath is a channel (``_dist_chan``):
+connects to it. The transport underneath is a channel (``chan``):
 stdlib sockets or ZeroMQ. Everything that decides what to trust lives here.
 
 Handshake (per link, at start-up)::
@@ -39,13 +39,13 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Callable, Optional, Union
 
-from determined_launch.core import wire
-from determined_launch.core._dist_chan import HubChannel, IdleTimeout, MemberChannel
-from determined_launch.core._dist_errors import (
+from determined_launch.core.distributed.errors import (
     DistributedConfigError,
     DistributedError,
     format_ranks,
 )
+from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.transport.chan import HubChannel, IdleTimeout, MemberChannel
 
 #: How often a waiting hub checks the ranks it is missing.
 PROBE_INTERVAL = 0.5

@@ -1,7 +1,7 @@
-"""What the link protocol (``_dist_links``) needs from a transport.
+"""What the link protocol (``links``) needs from a transport.
 
-Two transports implement it: ``_dist_direct`` (stdlib sockets, the default:
-one thread hop per message) and ``_dist_zmq`` (ZeroMQ ROUTER/DEALER). Both
+Two transports implement it: ``direct`` (stdlib sockets, the default:
+one thread hop per message) and ``zeromq`` (ZeroMQ ROUTER/DEALER). Both
 carry the same frames (``wire``); a channel moves opaque frames and knows
 which peer connections are alive, nothing more, so authentication, replay
 protection and failure policy live in one place.
@@ -18,7 +18,7 @@ SLICE_MS = 250
 #: before ``close()`` still reaches live peers. (Direct sends complete
 #: before they return, so they have nothing to linger for.)
 LINGER_MS = 1000
-#: Transports by name; "direct" is the default (see _dist_direct for why).
+#: Transports by name; "direct" is the default (see direct.py for why).
 TRANSPORTS = ("direct", "zmq")
 
 
