@@ -299,7 +299,7 @@ def scenario_torchrun(args: dict[str, Any]) -> dict[str, Any]:
             cross_size=ctx.cross_size,
         )
         out["transport"] = ctx.transport
-        out["ipc"] = ctx._ipc_dir is not None
+        out["ipc"] = ctx._wiring is not None and ctx._wiring.ipc_dir is not None
     if args.get("out_dir"):
         Path(args["out_dir"], f"rank-{out['layout']['rank']}.json").write_text(json.dumps(out))
     return out

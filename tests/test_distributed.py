@@ -100,7 +100,7 @@ def test_size_one_needs_no_sockets_or_secret(recwarn: pytest.WarningsRecorder) -
     ctx = DistributedContext(
         rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, env={}
     )
-    assert ctx._links == []
+    assert ctx._wiring is None
     assert ctx.allgather(5) == [5] and ctx.gather(5) == [5] and ctx.broadcast(5) == 5
     assert ctx.allgather_local(5) == [5] and ctx.gather_local(5) == [5]
     assert ctx.broadcast_local(5) == 5

@@ -168,7 +168,7 @@ def test_from_env_single_rank_layouts_need_no_sockets() -> None:
     env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1",
            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}  # fmt: skip
     ctx = DistributedContext.from_env(env=env)
-    assert (ctx.size, ctx._links) == (1, [])
+    assert (ctx.size, ctx._wiring) == (1, None)
 
 
 @pytest.mark.parametrize("nodelist,chief", [

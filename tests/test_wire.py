@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from determined_launch.core.distributed.transport import direct, links, wire
 from determined_launch.core.distributed.transport.chan import IdleTimeout
+from determined_launch.core.distributed.transport.hub import Hub
+from determined_launch.core.distributed.transport.member import Member
 
 KEY = wire.job_key("k" * 32)
 SKEY = wire.session_key(KEY, b"n" * 16)
@@ -128,8 +130,8 @@ class _Feed:
         pass
 
 
-def _hub(feed: _Feed) -> links.Hub:
-    return links.Hub(
+def _hub(feed: _Feed) -> Hub:
+    return Hub(
         feed,  # type: ignore[arg-type]
         rank=0,
         key=KEY,
@@ -156,7 +158,7 @@ def test_hub_receive_loop_survives_garbage(
 @settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=400))
 def test_member_receive_path_survives_garbage(no_unpickling: None, data: bytes) -> None:
-    member = links.Member(
+    member = Member(
         _Feed([]),  # type: ignore[arg-type]
         b"\x01" * 16,
         rank=1,
@@ -172,7 +174,7 @@ def test_member_receive_path_survives_garbage(no_unpickling: None, data: bytes) 
 
 
 def test_replayed_frames_are_dropped() -> None:
-    member = links.Member(
+    member = Member(
         _Feed([]),  # type: ignore[arg-type]
         b"\x01" * 16,
         rank=1,
@@ -220,7 +222,7 @@ def test_direct_hub_channel_survives_garbage_over_a_socket(
     drops = wire.DropLog(logging.getLogger("test.fuzz"))
     chan = direct.DirectHubChannel(drops, "fuzz")
     chan.bind(f"ipc://{path}")
-    hub = links.Hub(
+    hub = Hub(
         chan, rank=0, key=KEY, drops=drops, where="fuzz", expected=1, check_hello=lambda p: None
     )
     try:

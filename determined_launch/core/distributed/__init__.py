@@ -1,15 +1,16 @@
 """``DistributedContext``: authenticated allgather, gather and broadcast between workers.
 
-``context`` is the public class, ``env`` reads launchers' variables (host
-lists come from ``cluster/``), ``errors`` its exceptions, and
-``transport/`` moves frames: ``wire`` (frames, HMAC-SHA256), ``links`` (the
-hub/member protocol), ``chan`` (what a channel provides), ``direct`` and
-``zeromq`` (the two channels).
+Layout: ``context`` (the public class), ``factories`` (its ``from_*``
+constructors), ``env`` (reading launchers' variables; host lists come from
+``cluster/``), ``wiring`` (setting up links), ``ops`` (the collective
+algorithms), ``errors``, and ``transport/`` (``wire`` frames and HMAC,
+``links`` hub/member protocol, ``chan`` the channel interface, ``direct``
+and ``zeromq`` the two channels).
 """
 
-from determined_launch.core.distributed.context import (
+from determined_launch.core.distributed.context import DistributedContext
+from determined_launch.core.distributed.errors import (
     DistributedConfigError,
-    DistributedContext,
     DistributedError,
     InsecureWarning,
 )

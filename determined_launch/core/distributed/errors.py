@@ -1,4 +1,4 @@
-"""Errors raised by ``DistributedContext`` (re-exported by the package)."""
+"""Errors and warnings of ``DistributedContext`` (re-exported by the package)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ class DistributedConfigError(DistributedError, LaunchError):
     """A ``DistributedContext`` that cannot start because of its configuration
     (busy port, missing secret, bad environment). Also a ``LaunchError``, so
     entry points print it as one line and exit with status 2."""
+
+
+class InsecureWarning(UserWarning):
+    """DistributedContext runs without a secret: messages are not authenticated."""
 
 
 def format_ranks(ranks: Iterable[int]) -> str:

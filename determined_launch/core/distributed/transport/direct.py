@@ -38,139 +38,22 @@ from typing import Optional, Union
 
 from determined_launch.core.distributed.transport import wire
 from determined_launch.core.distributed.transport.chan import SLICE_MS, BindError, IdleTimeout
+from determined_launch.core.distributed.transport.stream import (
+    CHUNK,
+    DONTWAIT,
+    LEN_SIZE,
+    PRE_LEN,
+    PREAMBLE,
+    UNTRUSTED_MAX,
+    Conn,
+    framed,
+    parse_addr,
+    passed,
+    tune,
+)
 
-PREAMBLE = b"DLC1"
-RID_SIZE = 16
-_PRE_LEN = len(PREAMBLE) + RID_SIZE
-_LEN = 8
-UNTRUSTED_MAX = 4096
-_CHUNK = 256 * 1024
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _IN = select.POLLIN | select.POLLHUP | select.POLLERR
 _OUT = select.POLLOUT
-
-
-def parse_addr(addr: str) -> tuple[socket.AddressFamily, Union[str, tuple[str, int]]]:
-    """``ipc://path`` or ``tcp://host:port`` (``*`` for any host or port)."""
-    if addr.startswith("ipc://"):
-        return socket.AF_UNIX, addr[len("ipc://") :]
-    if not addr.startswith("tcp://"):
-        raise ValueError(f"unsupported address {addr!r}")
-    host, _, port = addr[len("tcp://") :].rpartition(":")
-    v6 = host.startswith("[")
-    host = host.strip("[]")
-    family = socket.AF_INET6 if v6 else socket.AF_INET
-    return family, ("" if host == "*" else host, 0 if port == "*" else int(port))
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setblocking(False)
-    if sock.family == socket.AF_UNIX:
-        return
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 6000)
-
-
-def _framed(frame: bytes) -> tuple[memoryview, ...]:
-    """A frame with its length prefix, built once however many peers get it."""
-    head = len(frame).to_bytes(_LEN, "big")
-    if len(frame) < _CHUNK:
-        return (memoryview(head + frame),)
-    return (memoryview(head), memoryview(frame))
-
-
-def _passed(deadline: Optional[float]) -> bool:
-    return deadline is not None and time.monotonic() >= deadline
-
-
-class _Conn:
-    """One stream: its socket, unparsed input, unsent output."""
-
-    __slots__ = ("sock", "fd", "buf", "rid", "limit", "out", "alive", "problem")
-
-    def __init__(self, sock: socket.socket, rid: Optional[bytes]) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.buf = bytearray()
-        self.rid = rid
-        self.limit = UNTRUSTED_MAX
-        self.out: deque[memoryview] = deque()
-        self.alive = True
-        self.problem = ""
-
-    def push(self, chunks: tuple[memoryview, ...]) -> None:
-        """Queue a framed message (``_framed``) and write what the socket
-        takes now; raise OSError if the connection is broken."""
-        if not self.out and len(chunks) == 1:
-            try:
-                n = self.sock.send(chunks[0], _DONTWAIT)
-            except BlockingIOError:
-                n = 0
-            if n < len(chunks[0]):
-                self.out.append(chunks[0][n:])
-            return
-        self.out.extend(chunks)
-        self.write()
-
-    def write(self) -> None:
-        """Write what the socket takes now; raise OSError if it is broken."""
-        out = self.out
-        while out:
-            try:
-                n = self.sock.send(out[0], _DONTWAIT)
-            except BlockingIOError:
-                return
-            if n == len(out[0]):
-                out.popleft()
-            else:
-                out[0] = out[0][n:]
-                return
-
-    def read(self, scratch: memoryview, flags: int = 0) -> Optional[list[bytes]]:
-        """Frames completed by what arrived; None on end-of-file or a broken
-        or misbehaving connection (``problem`` says which).
-
-        Reads into ``scratch``, a preallocated buffer: ``recv(n)`` would
-        allocate ``n`` bytes per call, and at this size that is an mmap.
-        """
-        try:
-            n = self.sock.recv_into(scratch, 0, flags)
-        except BlockingIOError:
-            return []
-        except OSError:
-            return None
-        if not n:
-            return None
-        if not self.buf and self.rid is not None and n >= _LEN:
-            # Fast path: exactly one whole frame, the usual case.
-            size = int.from_bytes(scratch[:_LEN], "big")
-            if n == _LEN + size and size <= self.limit:
-                return [bytes(scratch[_LEN:n])]
-        self.buf += scratch[:n]
-        return self.frames()
-
-    def frames(self) -> Optional[list[bytes]]:
-        out: list[bytes] = []
-        buf = self.buf
-        pos = 0
-        while len(buf) - pos >= _LEN:
-            n = int.from_bytes(buf[pos : pos + _LEN], "big")
-            if n > self.limit:
-                self.problem = f"{n}-byte frame from an unauthenticated connection"
-                return None
-            end = pos + _LEN + n
-            if end > len(buf):
-                break
-            out.append(bytes(buf[pos + _LEN : end]))
-            pos = end
-        if pos:
-            del buf[:pos]
-        return out
 
 
 class DirectHubChannel:
@@ -182,10 +65,10 @@ class DirectHubChannel:
         self._listener: Optional[socket.socket] = None
         self._listen_fd = -1
         self._poll = select.poll()
-        self._by_fd: dict[int, _Conn] = {}
-        self._by_rid: dict[bytes, _Conn] = {}
+        self._by_fd: dict[int, Conn] = {}
+        self._by_rid: dict[bytes, Conn] = {}
         self._ready: deque[tuple[bytes, bytes]] = deque()
-        self._scratch = memoryview(bytearray(_CHUNK))
+        self._scratch = memoryview(bytearray(CHUNK))
 
     def bind(self, addr: str) -> str:
         family, sockaddr = parse_addr(addr)
@@ -244,12 +127,12 @@ class DirectHubChannel:
                 return
             except OSError:  # pragma: no cover - e.g. EMFILE; try again later
                 return
-            _tune(sock)
-            conn = _Conn(sock, None)
+            tune(sock)
+            conn = Conn(sock, None)
             self._by_fd[conn.fd] = conn
             self._poll.register(conn.fd, _IN)
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Conn) -> None:
         if conn.rid is None:
             self._preamble(conn)
             return
@@ -260,7 +143,7 @@ class DirectHubChannel:
         for frame in frames:
             self._ready.append((conn.rid, frame))
 
-    def _preamble(self, conn: _Conn) -> None:
+    def _preamble(self, conn: Conn) -> None:
         """Read a new connection's routing id, then any frames after it."""
         try:
             n = conn.sock.recv_into(self._scratch)
@@ -272,17 +155,17 @@ class DirectHubChannel:
             self._lost(conn)
             return
         conn.buf += self._scratch[:n]
-        head = bytes(conn.buf[:_PRE_LEN])
+        head = bytes(conn.buf[:PRE_LEN])
         if not (PREAMBLE.startswith(head) or head.startswith(PREAMBLE)):
             self._reject(conn, "connection without a determined_launch preamble")
             return
-        if len(head) < _PRE_LEN:
+        if len(head) < PRE_LEN:
             return
         rid = head[len(PREAMBLE) :]
         if rid in self._by_rid:
             self._reject(conn, "second connection with a routing id in use")
             return
-        del conn.buf[:_PRE_LEN]
+        del conn.buf[:PRE_LEN]
         conn.rid = rid
         self._by_rid[rid] = conn
         frames = conn.frames()
@@ -292,17 +175,17 @@ class DirectHubChannel:
         for frame in frames:
             self._ready.append((rid, frame))
 
-    def _lost_or_bad(self, conn: _Conn) -> None:
+    def _lost_or_bad(self, conn: Conn) -> None:
         if conn.problem:
             self._reject(conn, conn.problem)
         else:
             self._lost(conn)
 
-    def _reject(self, conn: _Conn, reason: str) -> None:
+    def _reject(self, conn: Conn, reason: str) -> None:
         self._drops.drop(reason, self._where)
         self._lost(conn)
 
-    def _lost(self, conn: _Conn) -> None:
+    def _lost(self, conn: Conn) -> None:
         if not conn.alive:
             return
         conn.alive = False
@@ -320,8 +203,8 @@ class DirectHubChannel:
         self, peers: list[bytes], frame: bytes, deadline: Optional[float] = None
     ) -> list[bytes]:
         lost: list[bytes] = []
-        pending: list[_Conn] = []
-        chunks = _framed(frame)
+        pending: list[Conn] = []
+        chunks = framed(frame)
         for peer in peers:
             conn = self._by_rid.get(peer)
             if conn is None:
@@ -338,7 +221,7 @@ class DirectHubChannel:
                 self._poll.modify(conn.fd, _IN | _OUT)
         # Finish every send before returning, reading meanwhile (see module doc).
         while any(c.alive and c.out for c in pending):
-            if _passed(deadline):
+            if passed(deadline):
                 for conn in pending:
                     if conn.out:  # a partial frame would corrupt the stream
                         self._lost(conn)
@@ -377,10 +260,10 @@ class DirectMemberChannel:
         self._where = where
         self._rid = rid
         self._addr: Optional[tuple[socket.AddressFamily, Union[str, tuple[str, int]]]] = None
-        self._conn: Optional[_Conn] = None
+        self._conn: Optional[Conn] = None
         self._early: list[bytes] = []
         self._ready: deque[bytes] = deque()
-        self._scratch = memoryview(bytearray(_CHUNK))
+        self._scratch = memoryview(bytearray(CHUNK))
         self._down_since: Optional[float] = None
         self._limit = UNTRUSTED_MAX
 
@@ -388,7 +271,7 @@ class DirectMemberChannel:
         self._addr = parse_addr(addr)
         self._try_connect()
 
-    def _try_connect(self) -> Optional[_Conn]:
+    def _try_connect(self) -> Optional[Conn]:
         """The connection, opening it if the hub is listening by now. The
         hub may start after its members, so until the first connection
         frames wait in ``_early``; a connection once lost stays lost."""
@@ -402,17 +285,17 @@ class DirectMemberChannel:
         except OSError:
             sock.close()
             return None
-        _tune(sock)
+        tune(sock)
         sock.setblocking(True)
         sock.setsockopt(
             socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, SLICE_MS * 1000)
         )
-        conn = _Conn(sock, self._rid)
+        conn = Conn(sock, self._rid)
         conn.limit = self._limit
         self._conn = conn
         conn.out.append(memoryview(PREAMBLE + self._rid))
         for frame in self._early:
-            conn.out.extend(_framed(frame))
+            conn.out.extend(framed(frame))
         self._early.clear()
         self._flush(conn)
         return conn
@@ -421,9 +304,9 @@ class DirectMemberChannel:
         conn = self._conn
         if conn is not None and conn.alive and not conn.out:
             # Fast path: the frame fits in the socket buffer, as usual.
-            data = len(frame).to_bytes(_LEN, "big") + frame
+            data = len(frame).to_bytes(LEN_SIZE, "big") + frame
             try:
-                n = conn.sock.send(data, _DONTWAIT)
+                n = conn.sock.send(data, DONTWAIT)
             except BlockingIOError:
                 n = 0
             except OSError:
@@ -441,7 +324,7 @@ class DirectMemberChannel:
                 return True
         if conn.alive:
             try:
-                conn.push(_framed(frame))
+                conn.push(framed(frame))
             except OSError:
                 self._lost(conn)
                 return True
@@ -449,7 +332,7 @@ class DirectMemberChannel:
                 return self._flush(conn, deadline)
         return True
 
-    def _flush(self, conn: _Conn, deadline: Optional[float] = None) -> bool:
+    def _flush(self, conn: Conn, deadline: Optional[float] = None) -> bool:
         """Write everything queued, reading meanwhile (see the module doc)."""
         poller: Optional[select.poll] = None
         while conn.alive and conn.out:
@@ -460,7 +343,7 @@ class DirectMemberChannel:
                 return True
             if not conn.out:
                 return True
-            if _passed(deadline):
+            if passed(deadline):
                 self._lost(conn)  # a partial frame would corrupt the stream
                 return False
             if poller is None:
@@ -468,10 +351,10 @@ class DirectMemberChannel:
                 poller.register(conn.fd, _IN | _OUT)
             for _, events in poller.poll(SLICE_MS):
                 if events & _IN:
-                    self._read(conn, _DONTWAIT)
+                    self._read(conn, DONTWAIT)
         return True
 
-    def _read(self, conn: _Conn, flags: int) -> None:
+    def _read(self, conn: Conn, flags: int) -> None:
         frames = conn.read(self._scratch, flags)
         if frames is None:
             if conn.problem:
@@ -488,7 +371,7 @@ class DirectMemberChannel:
             if block:
                 time.sleep(0.05)
             raise IdleTimeout
-        frames = conn.read(self._scratch, 0 if block else _DONTWAIT)
+        frames = conn.read(self._scratch, 0 if block else DONTWAIT)
         if frames and len(frames) == 1:
             return frames[0]  # the usual case, without the queue
         if frames is None:
@@ -501,7 +384,7 @@ class DirectMemberChannel:
             raise IdleTimeout
         return self._ready.popleft()
 
-    def _lost(self, conn: _Conn) -> None:
+    def _lost(self, conn: Conn) -> None:
         if conn.alive:
             conn.alive = False
             conn.sock.close()

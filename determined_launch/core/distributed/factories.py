@@ -1,0 +1,118 @@
+"""``DistributedContext.from_*``: the rank layout from whatever started the process.
+
+A mixin so the public class keeps its constructors under their usual names
+while ``context`` holds only the API and its state. Reading the variables
+is ``env``'s job (pure functions of a mapping); this only builds contexts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
+
+from determined_launch.core.distributed import env as dist_env
+from determined_launch.core.distributed.errors import DistributedConfigError
+
+if TYPE_CHECKING:
+    from determined_launch.core.distributed.context import DistributedContext
+
+
+def _make(cls: Any, **kwargs: Any) -> DistributedContext:
+    """``cls(**kwargs)``: the mixin itself has no constructor to type-check."""
+    ctx: DistributedContext = cls(**kwargs)
+    return ctx
+
+
+class Factories:
+    """Class methods that build a context from a launcher's variables."""
+
+    @classmethod
+    def from_env(
+        cls,
+        chief_ip: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        **kwargs: Any,
+    ) -> DistributedContext:
+        """Detect the rank layout from the launcher's variables: torchrun,
+        DeepSpeed, Horovod, OpenMPI, PMI (MPICH/Intel MPI) or SLURM, in that
+        order. No launcher variables: a size-1 context."""
+        env = os.environ if env is None else env
+        layout = dist_env.detect(env)
+        if layout is None:
+            one = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1}
+            return _make(cls, **one, cross_rank=0, cross_size=1, **kwargs)
+        if chief_ip is None:
+            dist_env.check_chief_resolves(layout, env)
+        return cls._from_layout(layout, chief_ip, env, kwargs)
+
+    @classmethod
+    def from_torch_distributed(
+        cls, chief_ip: Optional[str] = None, **kwargs: Any
+    ) -> DistributedContext:
+        """From torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+        ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``). The chief
+        address is ``chief_ip``, ``DET_CHIEF_IP`` or ``MASTER_ADDR``."""
+        env = kwargs.pop("env", None)
+        env = os.environ if env is None else env
+        layout = dist_env.read_torchrun(env)
+        if layout is None:
+            raise DistributedConfigError(
+                "from_torch_distributed: RANK and LOCAL_WORLD_SIZE are not set; run under "
+                "torchrun (or det-launch torch)"
+            )
+        return cls._from_layout(layout, chief_ip, env, kwargs)
+
+    @classmethod
+    def from_deepspeed(cls, chief_ip: Optional[str] = None, **kwargs: Any) -> DistributedContext:
+        """From the DeepSpeed launcher's variables (``RANK``, ``WORLD_SIZE``,
+        ``LOCAL_RANK``, ``LOCAL_SIZE``, ``CROSS_RANK``, ``CROSS_SIZE``), or
+        torchrun's when DeepSpeed was started by torchrun."""
+        env = kwargs.pop("env", None)
+        env = os.environ if env is None else env
+        layout = dist_env.read_deepspeed(env) or dist_env.read_torchrun(env)
+        if layout is None:
+            raise DistributedConfigError(
+                "from_deepspeed: RANK and CROSS_RANK (or LOCAL_WORLD_SIZE) are not set; run "
+                "under the deepspeed launcher"
+            )
+        return cls._from_layout(layout, chief_ip, env, kwargs)
+
+    @classmethod
+    def from_horovod(
+        cls, hvd: Any, chief_ip: Optional[str] = None, **kwargs: Any
+    ) -> DistributedContext:
+        """From an initialized Horovod module (``import horovod.torch as hvd;
+        hvd.init()``)."""
+        return _make(
+            cls,
+            rank=hvd.rank(),
+            size=hvd.size(),
+            local_rank=hvd.local_rank(),
+            local_size=hvd.local_size(),
+            cross_rank=hvd.cross_rank(),
+            cross_size=hvd.cross_size(),
+            chief_ip=chief_ip,
+            **kwargs,
+        )
+
+    @classmethod
+    def _from_layout(
+        cls,
+        layout: dist_env.Layout,
+        chief_ip: Optional[str],
+        env: Mapping[str, str],
+        kwargs: dict[str, Any],
+    ) -> DistributedContext:
+        return _make(
+            cls,
+            rank=layout.rank,
+            size=layout.size,
+            local_rank=layout.local_rank,
+            local_size=layout.local_size,
+            cross_rank=layout.cross_rank,
+            cross_size=layout.cross_size,
+            chief_ip=chief_ip or layout.chief_ip,
+            env=env,
+            **kwargs,
+        )
