@@ -9,6 +9,7 @@ launchers set. Pure functions of a mapping, so every branch has a unit test.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import stat
@@ -198,6 +199,50 @@ def check_chief_resolves(layout: Layout, env: Mapping[str, str]) -> None:
             f"{var}={env.get(var, '')!r}: its first host {layout.chief_ip!r} (the chief) does "
             "not resolve on this host; set MASTER_ADDR to the chief's address"
         )
+
+
+def read_tf_config(env: Mapping[str, str]) -> Optional[Layout]:
+    """TensorFlow's ``TF_CONFIG`` as Determined 0.38.1's ``from_tf_config``
+    reads it: only ``worker`` tasks; with several workers, one worker per
+    node (rank = cross rank = ``task.index``) and the chief on the first
+    worker's host. None when it is unset or names a single worker (a
+    size-1 context). Anything malformed is an error naming the field."""
+    raw = env.get("TF_CONFIG")
+    if raw is None:
+        return None
+    try:
+        config = json.loads(raw)
+        task, workers = config["task"], config["cluster"]["worker"]
+        task_type, index = task["type"], task.get("index", 0)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        detail = f"missing {e}" if isinstance(e, KeyError) else "not JSON with task and cluster"
+        raise DistributedConfigError(f"TF_CONFIG: {detail} ({raw!r})") from None
+    if task_type != "worker":
+        raise DistributedConfigError(
+            "DistributedContext.from_tf_config() supports only worker tasks (the default "
+            "strategy, MirroredStrategy or MultiWorkerMirroredStrategy), but TF_CONFIG has "
+            f"task type {task_type!r}"
+        )
+    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+        raise DistributedConfigError(
+            f"TF_CONFIG: cluster.worker is not a list of host:port strings ({raw!r})"
+        )
+    if len(workers) <= 1:
+        return None
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(workers):
+        raise DistributedConfigError(
+            f"TF_CONFIG: task.index {index!r} is not a worker index (0..{len(workers) - 1})"
+        )
+    n = len(workers)
+    return Layout(index, n, 0, 1, index, n, "TF_CONFIG", _host_of(workers[0]))
+
+
+def _host_of(address: str) -> str:
+    """``host:port`` -> host; ``[v6]:port`` -> v6 (Determined splits at the
+    first colon, which breaks IPv6 literals)."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    return address.rpartition(":")[0] if address.count(":") == 1 else address
 
 
 _T = TypeVar("_T")

@@ -97,6 +97,28 @@ class Factories:
         )
 
     @classmethod
+    def from_tf_config(
+        cls, env: Optional[Mapping[str, str]] = None, **kwargs: Any
+    ) -> tuple[DistributedContext, Any]:
+        """A context and a ``tf.distribute.Strategy`` from ``TF_CONFIG``, as
+        Determined's: several workers give one rank per worker (chief: the
+        first worker's host) and ``MultiWorkerMirroredStrategy``; one worker
+        or no ``TF_CONFIG`` give a size-1 context and ``MirroredStrategy``
+        with several GPUs, else TensorFlow's default strategy. Keyword
+        arguments (``port=``, ``secret=``, ...) go to the constructor; a
+        multi-worker context needs a secret like any multi-node one."""
+        env = os.environ if env is None else env
+        layout = dist_env.read_tf_config(env)  # a bad TF_CONFIG fails before any import
+        tf = _tensorflow()
+        if layout is not None:
+            dist = cls._from_layout(layout, None, env, kwargs)
+            return dist, tf.distribute.MultiWorkerMirroredStrategy()
+        one = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1}
+        dist = _make(cls, **one, cross_rank=0, cross_size=1, env=env, **kwargs)
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        return dist, tf.distribute.MirroredStrategy() if gpus > 1 else tf.distribute.get_strategy()
+
+    @classmethod
     def _from_layout(
         cls,
         layout: dist_env.Layout,
@@ -116,3 +138,14 @@ class Factories:
             env=env,
             **kwargs,
         )
+
+
+def _tensorflow() -> Any:
+    try:
+        import tensorflow
+    except ImportError:
+        raise DistributedConfigError(
+            "DistributedContext.from_tf_config() needs TensorFlow, which is not installed "
+            "here: pip install tensorflow"
+        ) from None
+    return tensorflow

@@ -2,7 +2,9 @@
 
 A *hub* (the chief, or a node's local chief) listens; each *member*
 connects to it. The transport underneath is a channel (``chan``):
-stdlib sockets or ZeroMQ. Everything that decides what to trust lives here.
+stdlib sockets or ZeroMQ. Everything that decides what to trust lives in
+this module (what both ends share: HELLO, keys, sequence numbers) and in
+``hub`` and ``member`` (each end's half of the protocol).
 
 Handshake (per link, at start-up)::
 
@@ -24,7 +26,7 @@ Failure detection needs no Python thread:
   for the channel's ``grace`` (0 for plain sockets, 2 s for ZeroMQ, which
   reconnects) means the hub (the chief or a local chief) is dead;
 - a hub waiting for contributions checks the missing ranks every
-  ``PROBE_INTERVAL``; unreachable for ``grace`` means dead. The hub then
+  ``hub.PROBE_INTERVAL``; unreachable for ``grace`` means dead. The hub then
   sends ABORT, naming the missing ranks, to every member and raises.
 """
 

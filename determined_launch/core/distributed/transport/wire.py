@@ -20,7 +20,7 @@ Why this shape:
   boundary an attacker could shift.
 - The MAC is checked with ``hmac.compare_digest`` before *anything* else in
   the frame is trusted; only then is the header unpacked, and only payloads
-  of authenticated frames ever reach ``pickle.loads`` (in ``distributed``).
+  of authenticated frames ever reach ``pickle.loads`` (in ``ops``).
 - ``seq`` makes replays detectable: a receiver keeps the last ``seq`` seen
   from each sender on each link and drops anything not newer.
 - Handshake frames (HELLO, WELCOME) are keyed with the job key; everything
