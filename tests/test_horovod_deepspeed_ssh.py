@@ -52,7 +52,7 @@ def run_gate(
     args: list[str], env: dict[str, str], timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "determined_launch.gate", *args],
+        [sys.executable, "-m", "determined_launch.nodeexec.gate", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -76,7 +76,7 @@ def test_gate_waits_for_a_late_listener_then_execs(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "determined_launch.gate",
+            "determined_launch.nodeexec.gate",
             "--wait-tcp",
             f"127.0.0.1:{port}",
             "--timeout",
@@ -117,7 +117,7 @@ def test_gate_node_env_prefers_what_sshd_set(tmp_path: Path) -> None:
 
 
 def test_gate_finds_the_loopback_interface_for_any_127_address() -> None:
-    from determined_launch.gate import iface_for
+    from determined_launch.nodeexec.gate import iface_for
 
     lo = iface_for("127.0.0.1")
     assert lo is not None
@@ -201,7 +201,7 @@ def test_known_hosts_names_every_node_as_ssh_looks_it_up() -> None:
 
 
 def test_sshd_listens_only_on_the_nodes_address(tmp_path: Path) -> None:
-    from determined_launch.sshd import listen_address
+    from determined_launch.nodeexec.sshd import listen_address
 
     assert listen_address("127.0.0.2", 2222) == "127.0.0.2:2222"
     assert listen_address("198.51.100.7", 2222) == "0.0.0.0:2222"  # not ours: NAT'd address

@@ -13,7 +13,7 @@ with a secret that was itself derived from public information.
 Layout, all inside the node's private 0700 job directory:
 
 * ``sshd_config``, ``ssh_host_ed25519_key`` and ``ssh_authorized_keys``
-  for the node's sshd (a "service" process, ``determined_launch.sshd``);
+  for the node's sshd (a "service" process, ``determined_launch.nodeexec.sshd``);
 * ``ssh_client_key``, ``ssh_config``, ``ssh_known_hosts`` and an ``ssh``
   wrapper script, put first on ``PATH`` for horovodrun and pdsh, so the
   launchers' plain ``ssh host ...`` uses this job's key and *verifies* the
@@ -21,7 +21,7 @@ Layout, all inside the node's private 0700 job directory:
   wrapper's earlier ``yes`` wins, because ssh keeps the first value);
 * ``node-env.json``: the node-local worker variables (job directory paths)
   and the job secret. Workers started through sshd find it through
-  ``SetEnv`` in sshd_config and load it with ``determined_launch.gate``;
+  ``SetEnv`` in sshd_config and load it with ``determined_launch.nodeexec.gate``;
   so the secret never appears on a command line, where horovodrun and pdsh
   would put every exported variable.
 """
@@ -390,7 +390,7 @@ def sshd_process(
     argv = (
         runtime.python,
         "-m",
-        "determined_launch.sshd",
+        "determined_launch.nodeexec.sshd",
         "--sshd",
         facts.sshd,
         "--config",
@@ -465,8 +465,8 @@ def gate_argv(
     timeout: Optional[float] = None,
     gloo_iface_for: Optional[str] = None,
 ) -> list[str]:
-    """``python -m determined_launch.gate ... --``: checks, then exec."""
-    argv = [runtime.python, "-m", "determined_launch.gate"]
+    """``python -m determined_launch.nodeexec.gate ... --``: checks, then exec."""
+    argv = [runtime.python, "-m", "determined_launch.nodeexec.gate"]
     if node_env:
         argv.append("--node-env")
     for endpoint in wait_tcp:
