@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch.backends import ssh
+from determined_launch.backends import ssh, ssh_keys
 from determined_launch.backends.plan import FileToWrite
+from determined_launch.errors import LaunchError
 from determined_launch.supervisor import write_private_file
 from tests._hvdds_helpers import SECRET, make_facts, make_info, make_runtime, real_env
 from tests.conftest import free_port_block
@@ -44,7 +47,17 @@ def test_ed25519_matches_rfc8032_test_vector() -> None:
     # RFC 8032, section 7.1, TEST 1.
     seed = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
     expected = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
-    assert ssh.ed25519_public_key(seed).hex() == expected
+    public = ssh_keys.ed25519_key(seed, "c").public_key.split()[1]
+    assert base64.b64decode(public)[-32:].hex() == expected
+
+
+def test_missing_cryptography_is_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives", None)
+    with pytest.raises(LaunchError, match=re.escape("pip install 'determined_launch[ssh]'")):
+        ssh.derive_key(SECRET, "host")
 
 
 # ------------------------------------------------------------------- the gate
