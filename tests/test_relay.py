@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from determined_launch.supervisor.relay import LineRouter, ToolOutput, tail
+from determined_launch.supervisor.relay import LineRouter, ToolOutput, labels_workers, tail
 from tests.conftest import Launch, base_env, launcher_cmd
 
 WORKER_LINES = [
@@ -91,6 +91,12 @@ def test_routing_does_not_depend_on_how_reads_cut_the_stream(
         b"".join(line for line in lines if line in TOOL_LINES),
     )
     assert route([c for c in chunks if c]) == expected
+
+
+def test_only_tools_whose_workers_are_labelled_are_relayed() -> None:
+    assert labels_workers(("py", "-m", "torch.distributed.run", "py", "-m", "wrap_rank", "RANK"))
+    assert not labels_workers(("py", "-m", "wrap_rank", "--no-redirect-stdio", "0", "x"))
+    assert not labels_workers(("horovodrun", "-np", "2", "python", "train.py"))
 
 
 def test_kept_log_is_private_and_leaves_the_job_directory(tmp_path: Path) -> None:

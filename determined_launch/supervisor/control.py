@@ -43,8 +43,8 @@ class ControlError(LaunchError):
 
 class ControlLink:
     """One side of the channel. Incoming messages land in ``inbox`` (a deque,
-    safe to pop from the supervisor's loop); ``send`` and ``broadcast`` are
-    thread-safe.
+    safe to pop from the supervisor's loop); ``deliver`` (``send`` on a node,
+    ``broadcast`` on the chief) is thread-safe.
 
     ``node`` in every message is the sender's container rank; the chief adds
     a ``Kind.LOST`` message (``node``, ``why``) to its inbox when a node disconnects or
@@ -66,6 +66,12 @@ class ControlLink:
 
     def close(self) -> None:
         self._stop.set()
+
+    def deliver(self, message: Message) -> None:
+        """Send the way this side sends: the chief to every node, a node to
+        the chief. Raises OSError only on a node (the chief's reader threads
+        report a broken link themselves)."""
+        raise NotImplementedError
 
 
 class ChiefLink(ControlLink):
@@ -156,6 +162,9 @@ class ChiefLink(ControlLink):
         while not self._stop.wait(HEARTBEAT_INTERVAL):
             self.broadcast(message(Kind.HEARTBEAT))
 
+    def deliver(self, message: Message) -> None:
+        self.broadcast(message)
+
     def broadcast(self, message: Message) -> None:
         with self._lock:
             streams = list(self.streams.items())
@@ -219,6 +228,9 @@ class NodeLink(ControlLink):
 
     def send(self, message: Message) -> None:
         self.stream.send(message)
+
+    def deliver(self, message: Message) -> None:
+        self.send(message)
 
     def close(self) -> None:
         super().close()

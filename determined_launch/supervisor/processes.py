@@ -88,7 +88,8 @@ class ProcessSet:
                     os._exit(128 + signal.SIGTERM)
 
         for spec in specs:
-            ends = relay.pipes() if relay is not None and spec.tool else (None, None)
+            relayed = relay is not None and spec.tool and spec.name in relay.tool_names
+            ends = relay.pipes() if relay is not None and relayed else (None, None)
             try:
                 proc = subprocess.Popen(
                     list(spec.argv),

@@ -108,6 +108,13 @@ class LineRouter:
         return (head, b"") if self._ours else (b"", head)
 
 
+def labels_workers(argv: tuple[str, ...]) -> bool:
+    """Whether wrap_rank labels this tool's workers' lines, so the relay can
+    tell them from the tool's (our plans always do; a tool whose workers run
+    unlabelled is not relayed: everything it writes is shown)."""
+    return "wrap_rank" in argv and "--no-redirect-stdio" not in argv
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -136,10 +143,10 @@ class ToolOutput:
         """Write ends for a tool's stdout and stderr; the caller closes them
         once the tool has started (the tool holds its own copies)."""
         ends = []
-        for target in (sys.stdout, sys.stderr):
+        for out_fd in (1, 2):  # where the tool would have written without us
             read_fd, write_fd = os.pipe()
             thread = threading.Thread(
-                target=self.pump, args=(read_fd, target.fileno()), daemon=True,
+                target=self.pump, args=(read_fd, out_fd), daemon=True,
                 name="det-launch tool relay",
             )
             thread.start()
