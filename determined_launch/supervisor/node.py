@@ -32,7 +32,7 @@ from determined_launch.supervisor.relay import ToolOutput, labels_workers, repor
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
 
-logger = logging.getLogger("determined_launch.supervise")
+logger = logging.getLogger("determined_launch.supervisor")
 
 _TICK = 0.05
 #: Forwarded to every process group without changing the job's state.
