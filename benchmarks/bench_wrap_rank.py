@@ -35,6 +35,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LINE = b"x" * 99 + b"\n"
+#: The launcher's relay (supervisor/relay.py) from stdin to stdout, as one
+#: of its threads runs it.
+_RELAY = (
+    "import os; from determined_launch.supervisor.relay import ToolOutput; "
+    "ToolOutput(os.devnull).pump(0, 1)"
+)
 
 
 def peer_python() -> str | None:
@@ -73,6 +79,10 @@ def throughput(path: Path, peer: str | None, repeat: int, env: dict[str, str]) -
         "cat": f"cat {f} | cat",
         "sed": f"cat {f} | sed 's/^/[rank=0] /'",
         "ours": f"{py} -m wrap_rank 0 -- cat {f}",
+        # What a framework launcher's workers pay since issue 11 (defect 3):
+        # one more pipe, and the launcher's relay routing every line.
+        "ours+pipe": f"{py} -m wrap_rank 0 -- cat {f} | cat",
+        "ours+relay": f"{py} -m wrap_rank 0 -- cat {f} | {py} -c {shlex.quote(_RELAY)}",
     }
     if peer:
         filters["determined"] = f"{shlex.quote(peer)} -m determined.launch.wrap_rank 0 -- cat {f}"
@@ -142,6 +152,9 @@ def report_throughput(peer: str | None, mb: int, repeat: int, env: dict[str, str
         print(f"  {name:28s} {rate:8.0f} MB/s")
     for sink in ("/dev/null", "pipe"):
         ours = rates[f"ours -> {sink}"]
+        relay = rates[f"ours+relay -> {sink}"]
+        print(f"  relay -> {sink}: {relay / ours:.2f}x ours alone, "
+              f"{relay / rates[f'ours+pipe -> {sink}']:.2f}x ours | cat")
         ratios = [
             f"{ours / rates[f'{peer_name} -> {sink}']:.2f}x {peer_name}"
             for peer_name in ("cat", "sed", "determined")

@@ -59,6 +59,9 @@ OPTIONS: tuple[Option, ...] = (
            "validate everything and print the plan; start nothing", switch=True),
     Option("requeue", "DET_LAUNCH_REQUEUE", "--requeue", values.boolean, False,
            "after an acknowledged preemption, `scontrol requeue` the SLURM job", switch=True),
+    Option("verbose", "DET_LAUNCH_VERBOSE", "--verbose", values.boolean, False,
+           "show torchrun's, deepspeed's and horovodrun's own output instead of logging it",
+           switch=True),
     # Read by the workers (DistributedContext); checked before they start.
     Option("dist_timeout", envvars.DIST_TIMEOUT, None,
            functools.partial(values.seconds, positive=True), None,

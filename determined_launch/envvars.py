@@ -44,6 +44,6 @@ WRAP_RANK_STATUS_DIR = "WRAP_RANK_STATUS_DIR"
 SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)
 SSH_PORT = "DTRAIN_SSH_PORT"  # the job's sshd port on every node (Determined's name)
 CONNECT_TIMEOUT = "DET_LAUNCH_CONNECT_TIMEOUT"  # seconds nodes wait for each other
-# node-env.json of the node (gate.py loads it before a worker starts):
+# node-env.json of the node (nodeexec/gate.py loads it before a worker starts):
 SSHD_NODE_ENV = "DET_LAUNCH_SSHD_NODE_ENV"  # set by the job's sshd in its sessions
 NODE_ENV_FILE = "DET_LAUNCH_NODE_ENV_FILE"  # set by the launcher for its own workers

@@ -80,6 +80,7 @@ class LauncherOptions:
                 preempt_signals=v["preempt_signals"],
                 preempt_file=v["preempt_file"] or None,
                 connect_timeout=v["connect_timeout"],
+                verbose=v["verbose"],
             ),
             dry_run=v["dry_run"],
             requeue=v["requeue"],

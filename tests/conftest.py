@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -23,12 +25,20 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 #: Every process a test starts carries this variable (inherited by all
 #: descendants), so leftovers can be found by their environment.
 MARKER = "DET_LAUNCH_TEST_MARKER"
+#: TMPDIR of every launcher a test starts: a failed job keeps its launcher
+#: tools' log beside its job directory, and tests must not litter /tmp.
+LAUNCH_TMP = tempfile.mkdtemp(prefix="det-launch-tests-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(LAUNCH_TMP, ignore_errors=True)
 
 
 def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = LAUNCH_TMP
     # Keep gloo to loopback; keep CPU threads low on a 2-core machine.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("OMP_NUM_THREADS", "1")

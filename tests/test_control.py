@@ -13,13 +13,8 @@ from typing import Any
 
 import pytest
 
-from determined_launch.supervisor.control import (
-    ChiefLink,
-    ControlError,
-    NodeLink,
-    _AuthenticatedStream,
-    derive_key,
-)
+from determined_launch.supervisor.channel import AuthenticatedStream, derive_key
+from determined_launch.supervisor.control import ChiefLink, ControlError, NodeLink
 from tests.conftest import free_port_block
 
 SECRET = "x" * 32
@@ -80,7 +75,7 @@ def test_replayed_line_is_rejected(chief: ChiefLink) -> None:
     # Record a valid hello made for one connection's nonce...
     raw = socket.create_connection(("127.0.0.1", port_of(chief)))
     nonce = raw.recv(64).decode().strip()
-    recorder = _AuthenticatedStream(raw, derive_key(SECRET), nonce, False)
+    recorder = AuthenticatedStream(raw, derive_key(SECRET), nonce, False)
     recorder.send({"type": "hello", "node": 1})
     wait_for(lambda: chief.connected_nodes == {1})
     raw.close()
@@ -130,9 +125,9 @@ def test_busy_port_is_a_clear_error(chief: ChiefLink) -> None:
 def test_dropped_lines_are_logged_at_most_once_per_period(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from determined_launch.supervisor import control
+    from determined_launch.supervisor import channel
 
-    drops = control._DropLog()
+    drops = channel._DropLog()
     with caplog.at_level(logging.WARNING, logger="determined_launch.control"):
         for _ in range(500):
             drops.note("malformed")

@@ -75,7 +75,7 @@ def test_ssh_mode_every_node_runs_sshd_and_the_chief_runs_pdsh() -> None:
     assert argv[argv.index("--launcher") + 1] == "pdsh"
     assert argv[argv.index("--ssh_port") + 1] == "2200"
     assert "--no_ssh_check" in argv and "--no_ssh" not in argv
-    assert argv.count("determined_launch.gate") == 2  # wait for sshds; restore node env
+    assert argv.count("determined_launch.nodeexec.gate") == 2  # wait for sshds; restore node env
     assert "DET_DIST_SECRET" not in plan.env and "DET_DIST_SECRET" in plan.unset_env
     assert plan.env["PATH"].startswith("/jobs/n0:")
     peer = plan_for(make_info(["10.0.0.1", "10.0.0.2"], [2, 2], rank=1), ["--ssh"])

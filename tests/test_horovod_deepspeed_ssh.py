@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch.backends import ssh
+from determined_launch.backends import ssh, ssh_keys
 from determined_launch.backends.plan import FileToWrite
+from determined_launch.errors import LaunchError
 from determined_launch.supervisor import write_private_file
 from tests._hvdds_helpers import SECRET, make_facts, make_info, make_runtime, real_env
 from tests.conftest import free_port_block
@@ -44,7 +47,17 @@ def test_ed25519_matches_rfc8032_test_vector() -> None:
     # RFC 8032, section 7.1, TEST 1.
     seed = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
     expected = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
-    assert ssh.ed25519_public_key(seed).hex() == expected
+    public = ssh_keys.ed25519_key(seed, "c").public_key.split()[1]
+    assert base64.b64decode(public)[-32:].hex() == expected
+
+
+def test_missing_cryptography_is_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives", None)
+    with pytest.raises(LaunchError, match=re.escape("pip install 'determined_launch[ssh]'")):
+        ssh.derive_key(SECRET, "host")
 
 
 # ------------------------------------------------------------------- the gate
@@ -52,7 +65,7 @@ def run_gate(
     args: list[str], env: dict[str, str], timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "determined_launch.gate", *args],
+        [sys.executable, "-m", "determined_launch.nodeexec.gate", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -76,7 +89,7 @@ def test_gate_waits_for_a_late_listener_then_execs(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "determined_launch.gate",
+            "determined_launch.nodeexec.gate",
             "--wait-tcp",
             f"127.0.0.1:{port}",
             "--timeout",
@@ -117,7 +130,7 @@ def test_gate_node_env_prefers_what_sshd_set(tmp_path: Path) -> None:
 
 
 def test_gate_finds_the_loopback_interface_for_any_127_address() -> None:
-    from determined_launch.gate import iface_for
+    from determined_launch.nodeexec.gate import iface_for
 
     lo = iface_for("127.0.0.1")
     assert lo is not None
@@ -201,7 +214,7 @@ def test_known_hosts_names_every_node_as_ssh_looks_it_up() -> None:
 
 
 def test_sshd_listens_only_on_the_nodes_address(tmp_path: Path) -> None:
-    from determined_launch.sshd import listen_address
+    from determined_launch.nodeexec.sshd import listen_address
 
     assert listen_address("127.0.0.2", 2222) == "127.0.0.2:2222"
     assert listen_address("198.51.100.7", 2222) == "0.0.0.0:2222"  # not ours: NAT'd address

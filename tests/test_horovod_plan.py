@@ -31,7 +31,7 @@ def test_single_node_runs_horovodrun_with_gloo_when_mpi_is_absent() -> None:
     assert argv[i + 1] == "HOROVOD_RANK,OMPI_COMM_WORLD_RANK,PMI_RANK"
     # The gate restores the secret and node-local paths that horovodrun
     # would otherwise copy onto every worker's command line.
-    assert argv[argv.index("determined_launch.gate") + 1] == "--node-env"
+    assert argv[argv.index("determined_launch.nodeexec.gate") + 1] == "--node-env"
     assert plan.env["USE_HOROVOD"] == "1"
     assert plan.env["DET_CHIEF_IP"] == "127.0.0.1"
     assert "DET_DIST_SECRET" not in plan.env
@@ -85,7 +85,7 @@ def test_ssh_chief_waits_for_every_peer_sshd_then_runs_horovodrun() -> None:
     (proc,) = plan.processes
     argv = list(proc.argv)
     gate_end = argv.index("--")
-    assert argv[:3] == ["/py/bin/python", "-m", "determined_launch.gate"]
+    assert argv[:3] == ["/py/bin/python", "-m", "determined_launch.nodeexec.gate"]
     waits = [argv[i + 1] for i in range(gate_end) if argv[i] == "--wait-ssh"]
     assert waits == ["10.0.0.2:2222", "10.0.0.3:2222"]
     hvd = argv[gate_end + 1 :]
@@ -106,7 +106,7 @@ def test_ssh_peer_runs_only_sshd_as_a_service() -> None:
     plan = plan_for(info, ["--ssh"])
     (proc,) = plan.processes
     assert proc.role == "service"
-    assert proc.argv[:3] == ("/py/bin/python", "-m", "determined_launch.sshd")
+    assert proc.argv[:3] == ("/py/bin/python", "-m", "determined_launch.nodeexec.sshd")
     assert proc.argv[proc.argv.index("--port") + 1] == str(ssh.DEFAULT_SSH_PORT)
     assert proc.argv[proc.argv.index("--addr") + 1] == "10.0.0.2"
     config = next(f for f in plan.files if f.path.endswith("sshd_config")).content
@@ -182,7 +182,8 @@ def test_direct_mode_chief_runs_rendezvous_service_and_its_workers() -> None:
     plan = plan_for(info)
     service, *workers = plan.processes
     assert service.role == "service"
-    assert service.argv[:3] == ("/py/bin/python", "-m", "determined_launch.horovod_rendezvous")
+    rendezvous = "determined_launch.nodeexec.horovod_rendezvous"
+    assert service.argv[:3] == ("/py/bin/python", "-m", rendezvous)
     assert service.argv[service.argv.index("--hosts") + 1] == "10.0.0.1:2,10.0.0.2:2"
     assert service.argv[service.argv.index("--port") + 1] == "29400"
     assert [w.env["HOROVOD_RANK"] for w in workers] == ["0", "1"]

@@ -29,6 +29,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
                     f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
     f"{PKG}.pytorch": (f"{PKG}.supervisor", f"{PKG}.backends", f"{PKG}.launcher",
                        f"{PKG}.cli", f"{PKG}.config"),
+    # Helper programs started in front of every worker: light, and below everything.
+    f"{PKG}.nodeexec": (f"{PKG}.cluster", f"{PKG}.backends", f"{PKG}.supervisor", f"{PKG}.core",
+                        f"{PKG}.pytorch", f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
 }
 
 

@@ -13,7 +13,7 @@ same arguments as Determined's ``determined.launch.horovod``. Four shapes:
 * several nodes, the default: no ssh at all. Every node's launcher starts its
   own workers with the variables horovodrun would have given them
   (``HOROVOD_RANK``, ``HOROVOD_GLOO_RENDEZVOUS_ADDR``, ...), and the chief
-  runs Horovod's own rendezvous server (``determined_launch.horovod_rendezvous``)
+  runs Horovod's own rendezvous server (``determined_launch.nodeexec.horovod_rendezvous``)
   where horovodrun would have. Ranks are laid out as horovodrun lays them out.
 """
 
@@ -255,7 +255,7 @@ def rendezvous_argv(info: ClusterInfo, runtime: JobRuntime) -> list[str]:
     return [
         runtime.python,
         "-m",
-        "determined_launch.horovod_rendezvous",
+        "determined_launch.nodeexec.horovod_rendezvous",
         "--addr",
         info.chief_ip,
         "--port",

@@ -80,6 +80,11 @@ class JobRuntime:
     def preempt_listen_file(self) -> str:
         return os.path.join(self.job_dir, "preempt-listening")
 
+    @property
+    def tool_log(self) -> str:
+        """The framework launchers' own output (not their workers')."""
+        return os.path.join(self.job_dir, "launcher-tools.log")
+
 
 def render_env(env: Mapping[str, str]) -> str:
     """``K=V`` pairs for display; secrets are masked because dry runs end up in logs."""

@@ -3,17 +3,19 @@
 Horovod's and DeepSpeed's multi-node launchers reach the other nodes over
 ssh. Determined gets there by having its master hand every container the
 same key pair. We have no master, but every node of a job knows the job
-secret, so each node *derives* the same keys from it (ed25519 needs only 32
-seed bytes; see ``ed25519_key``). No file is copied between nodes, and the
-builders stay pure functions. Whoever holds the job secret can already run
-code in the workers (it authenticates DistributedContext traffic), so the
-derived login key grants nothing new; ssh modes therefore refuse to run
-with a secret that was itself derived from public information.
+secret, so each node *derives* the same keys from it (``ssh_keys.py``,
+through ``cryptography``, the ``[ssh]`` extra). No file is copied between
+nodes, and the builders stay pure functions of their inputs (but for the
+random check bytes OpenSSH's private key format carries). Whoever holds the
+job secret can already run code in the workers (it authenticates
+DistributedContext traffic), so the derived login key grants nothing new;
+ssh modes therefore refuse to run with a secret that was itself derived from
+public information.
 
 Layout, all inside the node's private 0700 job directory:
 
 * ``sshd_config``, ``ssh_host_ed25519_key`` and ``ssh_authorized_keys``
-  for the node's sshd (a "service" process, ``determined_launch.sshd``);
+  for the node's sshd (a "service" process, ``determined_launch.nodeexec.sshd``);
 * ``ssh_client_key``, ``ssh_config``, ``ssh_known_hosts`` and an ``ssh``
   wrapper script, put first on ``PATH`` for horovodrun and pdsh, so the
   launchers' plain ``ssh host ...`` uses this job's key and *verifies* the
@@ -21,28 +23,25 @@ Layout, all inside the node's private 0700 job directory:
   wrapper's earlier ``yes`` wins, because ssh keeps the first value);
 * ``node-env.json``: the node-local worker variables (job directory paths)
   and the job secret. Workers started through sshd find it through
-  ``SetEnv`` in sshd_config and load it with ``determined_launch.gate``;
+  ``SetEnv`` in sshd_config and load it with ``determined_launch.nodeexec.gate``;
   so the secret never appears on a command line, where horovodrun and pdsh
   would put every exported variable.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import getpass
-import hashlib
-import hmac
 import json
 import os
 import shlex
 import shutil
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from determined_launch import envvars, values
 from determined_launch.backends.plan import FileToWrite, JobRuntime, ProcessSpec
+from determined_launch.backends.ssh_keys import derive_key
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
 
@@ -144,123 +143,6 @@ def connect_timeout(environ: Mapping[str, str]) -> float:
         return values.seconds(raw, positive=True)
     except ValueError as e:
         raise LaunchError(f"environment variable {CONNECT_TIMEOUT_ENV}: {e}") from None
-
-
-# --------------------------------------------------------------------- ed25519
-# RFC 8032 key generation: the public key is the scalar from SHA-512(seed)
-# times the base point. Only key generation is needed (ssh signs with the
-# key files, not with us), and it is a few milliseconds of integer math.
-_P = 2**255 - 19
-_D = -121665 * pow(121666, _P - 2, _P) % _P
-_I = pow(2, (_P - 1) // 4, _P)  # a square root of -1
-
-
-def _recover_x(y: int, sign: int) -> int:
-    xx = (y * y - 1) * pow(_D * y * y + 1, _P - 2, _P)
-    x = pow(xx, (_P + 3) // 8, _P)
-    if (x * x - xx) % _P:
-        x = x * _I % _P
-    if x & 1 != sign:
-        x = _P - x
-    return x
-
-
-_BY = 4 * pow(5, _P - 2, _P) % _P
-_B = (_recover_x(_BY, 0), _BY, 1, _recover_x(_BY, 0) * _BY % _P)
-
-
-def _point_add(
-    p: tuple[int, int, int, int], q: tuple[int, int, int, int]
-) -> tuple[int, int, int, int]:
-    """Addition in extended twisted Edwards coordinates (X, Y, Z, T)."""
-    a = (p[1] - p[0]) * (q[1] - q[0]) % _P
-    b = (p[1] + p[0]) * (q[1] + q[0]) % _P
-    c = 2 * p[3] * q[3] * _D % _P
-    d = 2 * p[2] * q[2] % _P
-    e, f, g, h = b - a, d - c, d + c, b + a
-    return (e * f % _P, g * h % _P, f * g % _P, e * h % _P)
-
-
-def _scalar_mult(s: int, p: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    q = (0, 1, 1, 0)  # neutral element
-    while s:
-        if s & 1:
-            q = _point_add(q, p)
-        p = _point_add(p, p)
-        s >>= 1
-    return q
-
-
-def ed25519_public_key(seed: bytes) -> bytes:
-    """The 32-byte public key for a 32-byte private seed (RFC 8032, 5.1.5)."""
-    if len(seed) != 32:
-        raise ValueError("an ed25519 seed is 32 bytes")
-    h = hashlib.sha512(seed).digest()
-    a = int.from_bytes(h[:32], "little")
-    a &= (1 << 254) - 8
-    a |= 1 << 254
-    x, y, z, _ = _scalar_mult(a, _B)
-    zi = pow(z, _P - 2, _P)
-    x, y = x * zi % _P, y * zi % _P
-    return (y | ((x & 1) << 255)).to_bytes(32, "little")
-
-
-def _ssh_string(data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + data
-
-
-@dataclasses.dataclass(frozen=True)
-class SshKey:
-    """An ed25519 key pair in OpenSSH's file formats."""
-
-    private_file: str  # "-----BEGIN OPENSSH PRIVATE KEY-----" ...
-    public_line: str  # "ssh-ed25519 AAAA... comment"
-
-    @property
-    def public_key(self) -> str:
-        """``ssh-ed25519 AAAA...`` without the comment."""
-        return " ".join(self.public_line.split()[:2])
-
-
-def ed25519_key(seed: bytes, comment: str) -> SshKey:
-    """Write a seed as an unencrypted ``openssh-key-v1`` private key file."""
-    pub = ed25519_public_key(seed)
-    kind = b"ssh-ed25519"
-    pub_blob = _ssh_string(kind) + _ssh_string(pub)
-    # The two "check" integers only detect a wrong passphrase; derive them
-    # from the seed so the file is a pure function of it.
-    check = hashlib.sha256(b"check" + seed).digest()[:4]
-    private = (
-        check
-        + check
-        + _ssh_string(kind)
-        + _ssh_string(pub)
-        + _ssh_string(seed + pub)
-        + _ssh_string(comment.encode())
-    )
-    private += bytes(range(1, 1 + (-len(private) % 8)))  # pad to the cipher block size
-    body = (
-        b"openssh-key-v1\0"
-        + _ssh_string(b"none")
-        + _ssh_string(b"none")
-        + _ssh_string(b"")
-        + struct.pack(">I", 1)
-        + _ssh_string(pub_blob)
-        + _ssh_string(private)
-    )
-    b64 = base64.b64encode(body).decode()
-    lines = [b64[i : i + 70] for i in range(0, len(b64), 70)]
-    private_file = "\n".join(
-        ["-----BEGIN OPENSSH PRIVATE KEY-----", *lines, "-----END OPENSSH PRIVATE KEY-----", ""]
-    )
-    public_line = f"ssh-ed25519 {base64.b64encode(pub_blob).decode()} {comment}"
-    return SshKey(private_file=private_file, public_line=public_line)
-
-
-def derive_key(secret: str, purpose: str) -> SshKey:
-    """The job's key for ``purpose`` ("client" or "host"): same on every node."""
-    seed = hmac.new(secret.encode(), b"det-launch ssh " + purpose.encode(), "sha256").digest()
-    return ed25519_key(seed, f"det-launch-{purpose}")
 
 
 # ------------------------------------------------------------------- the plan
@@ -390,7 +272,7 @@ def sshd_process(
     argv = (
         runtime.python,
         "-m",
-        "determined_launch.sshd",
+        "determined_launch.nodeexec.sshd",
         "--sshd",
         facts.sshd,
         "--config",
@@ -465,8 +347,8 @@ def gate_argv(
     timeout: Optional[float] = None,
     gloo_iface_for: Optional[str] = None,
 ) -> list[str]:
-    """``python -m determined_launch.gate ... --``: checks, then exec."""
-    argv = [runtime.python, "-m", "determined_launch.gate"]
+    """``python -m determined_launch.nodeexec.gate ... --``: checks, then exec."""
+    argv = [runtime.python, "-m", "determined_launch.nodeexec.gate"]
     if node_env:
         argv.append("--node-env")
     for endpoint in wait_tcp:

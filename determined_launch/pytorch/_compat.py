@@ -11,19 +11,12 @@ from __future__ import annotations
 import atexit
 import logging
 import types
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 if TYPE_CHECKING:
     from determined_launch.pytorch._trial import PyTorchTrial
 
 logger = logging.getLogger("determined_launch.pytorch")
-
-
-def shard_batch_size(size: int, global_batch_size: int) -> int:
-    """Per-rank share of ``global_batch_size``, validated like ``init``'s."""
-    from determined_launch.pytorch._context import calculate_batch_sizes
-
-    return calculate_batch_sizes({"global_batch_size": global_batch_size}, size)[0]
 
 
 class _Seed002Mixin:
@@ -49,6 +42,11 @@ class _Seed002Mixin:
         """``trial_cls(ctx, *args, **kwargs)``."""
         return trial_cls(self, *args, **kwargs)  # type: ignore[arg-type]
 
+    #: Bound by ``_trainer`` and ``_load`` (the package imports both): they
+    #: sit above the context, which must not import them.
+    trainer_class: ClassVar[Any] = None
+    load_trial_from_path: ClassVar[Optional[Callable[..., Any]]] = None
+
     def train(
         self,
         trial: PyTorchTrial,
@@ -62,8 +60,6 @@ class _Seed002Mixin:
     ) -> Optional[dict[str, Any]]:
         """Seed 002's ``context.train``: ``Trainer(trial, ctx).fit(...)`` with
         the given loaders; returns the last validation metrics."""
-        from determined_launch.pytorch._trainer import Trainer
-
         if train_data is not None:
             trial.build_training_data_loader = lambda: train_data  # type: ignore[method-assign]
         if val_data is not None:
@@ -72,7 +68,7 @@ class _Seed002Mixin:
             fit_kwargs.setdefault("validation_period", min_validation_period)
         if min_checkpoint_period is not None:
             fit_kwargs.setdefault("checkpoint_period", min_checkpoint_period)
-        trainer = Trainer(trial, self)  # type: ignore[arg-type]
+        trainer = _Seed002Mixin.trainer_class(trial, self)
         trainer.fit(max_length=max_length, **fit_kwargs)
         return trainer.last_validation_metrics
 
@@ -88,8 +84,9 @@ class _Seed002Mixin:
         run's checkpoint storage (default: the newest checkpoint of this run).
         ``trial_id`` is accepted for the seed's signature; without a master the
         run directory decides which trial's checkpoints are "latest"."""
-        from determined_launch.pytorch._load import load_trial_from_checkpoint_path
-
+        load = _Seed002Mixin.load_trial_from_path
+        if load is None:  # bound by _load, which the package imports
+            raise RuntimeError("determined_launch.pytorch._load is not imported")
         core = self._core  # type: ignore[attr-defined]
         if trial_id is not None:
             logger.debug("load_checkpoint_trial(trial_id=%s): using this run's storage", trial_id)
@@ -99,7 +96,7 @@ class _Seed002Mixin:
                 "load_checkpoint_trial(): this run has no checkpoint yet; pass storage_id="
             )
         with core.checkpoint.restore_path(sid) as path:
-            return load_trial_from_checkpoint_path(
+            return load(
                 str(path), trial_class=trial_cls, trial_kwargs=trial_kwargs or None
             )
 

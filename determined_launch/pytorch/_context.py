@@ -54,6 +54,11 @@ def calculate_batch_sizes(hparams: Optional[dict[str, Any]], slots: int) -> tupl
     return per_slot, effective
 
 
+def shard_batch_size(size: int, global_batch_size: int) -> int:
+    """Per-rank share of ``global_batch_size``, validated like ``init``'s."""
+    return calculate_batch_sizes({"global_batch_size": global_batch_size}, size)[0]
+
+
 class PyTorchExperimentalContext:
     """``context.experimental``: AMP and the data-loader checks."""
 

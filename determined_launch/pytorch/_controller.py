@@ -385,3 +385,8 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             if reached:
                 break
         return train_boundaries, per_batch
+
+
+# The trial's default controller. Bound here, above the trial, so that the
+# trial module never imports the controller that drives it.
+PyTorchTrial.trial_controller_class = _PyTorchTrialController

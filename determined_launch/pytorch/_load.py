@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 
 from determined_launch.pytorch import _checkpoint_io as cio
+from determined_launch.pytorch._compat import _Seed002Mixin
 from determined_launch.pytorch._context import PyTorchTrialContext
 
 logger = logging.getLogger("determined_launch.pytorch")
@@ -296,3 +297,7 @@ def _load_models(
     for model, state in zip(context.models, states):
         cio.load_model_state(model, state)
     return trial
+
+
+# ``ctx.load_checkpoint_trial(...)`` (seed 002); bound here, above the context.
+_Seed002Mixin.load_trial_from_path = load_trial_from_checkpoint_path

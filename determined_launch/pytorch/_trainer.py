@@ -25,8 +25,8 @@ from determined_launch._user import show_info_logs
 from determined_launch.cluster import get_cluster_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._checkpoint_io import find_state_file
-from determined_launch.pytorch._compat import _InitHandle
-from determined_launch.pytorch._context import PyTorchTrialContext
+from determined_launch.pytorch._compat import _InitHandle, _Seed002Mixin
+from determined_launch.pytorch._context import PyTorchTrialContext, shard_batch_size
 from determined_launch.pytorch._trial import PyTorchTrial
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
 
@@ -163,8 +163,6 @@ def _init(
 
 
 def _shard(size: int, global_batch_size: int) -> int:
-    from determined_launch.pytorch._compat import shard_batch_size
-
     return shard_batch_size(size, global_batch_size)
 
 
@@ -328,3 +326,7 @@ class Trainer:
         controller.run()
         self.last_validation_metrics = controller.last_validation_metrics
         self.latest_checkpoint = getattr(controller, "latest_storage_id", None) or resolved
+
+
+# ``ctx.train(...)`` (seed 002) builds a Trainer; bound here, above the context.
+_Seed002Mixin.trainer_class = Trainer

@@ -36,7 +36,9 @@ class PyTorchTrial(metaclass=abc.ABCMeta):
     exactly one of ``evaluate_batch`` or ``evaluate_full_dataset``."""
 
     trial_context_class = PyTorchTrialContext
-    trial_controller_class: Any = None  # set below, after the controller is importable
+    #: set by ``_controller`` (which imports this module, never the reverse);
+    #: importing the package imports both
+    trial_controller_class: Any = None
 
     @abc.abstractmethod
     def __init__(self, context: PyTorchTrialContext) -> None:
@@ -97,8 +99,3 @@ def _state_from_dict(data: Optional[dict[str, Any]], trial_id: int) -> _TrialSta
     tid = data.get("trial_id")
     return _TrialState(trial_id=int(tid) if tid is not None else trial_id, **values)
 
-
-# The controller imports this module; bind it once both are defined.
-from determined_launch.pytorch._controller import _PyTorchTrialController  # noqa: E402
-
-PyTorchTrial.trial_controller_class = _PyTorchTrialController

@@ -3,7 +3,10 @@
 * ``processes``: the only code that starts, signals and reaps processes.
 * ``verdict``: the pure state machine that decides phases, the first
   failure and the exit status (events in, actions out).
-* ``control``: the authenticated channel between the node launchers.
+* ``control``: the links between the node launchers; ``channel`` is their
+  authenticated wire.
+* ``relay``: a framework launcher's output, split into its workers' lines
+  (passed on) and its own (logged).
 * ``node``: the loop that joins them.
 """
 

@@ -20,3 +20,6 @@ class SupervisorConfig:
     preempt_file: Optional[str] = None
     #: Seconds a non-chief launcher waits for the chief's, and the chief for all nodes.
     connect_timeout: float = 300.0
+    #: Show framework launchers' own output (torchrun's agent & co.) instead
+    #: of keeping it in a log file.
+    verbose: bool = False

@@ -8,20 +8,12 @@ preemption requests; the chief tells every node to stop, to preempt, or that
 the job has finished. A dropped connection means a dead launcher (the kernel
 closes it), heartbeats catch dead hosts.
 
-Wire format: one JSON object per line, each line prefixed by the hex
-HMAC-SHA256 of ``nonce|direction|seq|json`` under the job secret. The nonce
-is fresh per connection (sent by the chief first), and ``seq`` counts lines
-per direction, so a recorded line cannot be replayed on another connection
-or out of order. A line that fails the check closes the connection; JSON is
-parsed only after the check, and nothing is ever unpickled.
+The wire (HMAC-checked JSON lines) is ``channel.py``.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
-import hmac
-import json
 import logging
 import secrets
 import socket
@@ -31,17 +23,14 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from determined_launch.errors import LaunchError
+from determined_launch.supervisor.channel import AuthenticatedStream, derive_key
 from determined_launch.supervisor.events import Kind, Message, message
 
 logger = logging.getLogger("determined_launch.control")
 
-#: Seconds between two log lines about dropped lines; the rest are counted.
-_DROP_LOG_PERIOD = 10.0
-
 HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long is declared lost (its host died or hung).
 HEARTBEAT_TIMEOUT = 10.0
-_MAX_LINE = 64 * 1024
 
 # How a lost launcher is described in the job's summary.
 _CLOSED = "was lost (its connection closed: the launcher was killed or crashed)"
@@ -52,109 +41,10 @@ class ControlError(LaunchError):
     """The control channel could not be set up or was used wrongly."""
 
 
-class _AuthenticatedStream:
-    """A socket carrying HMAC-checked JSON lines in both directions."""
-
-    def __init__(self, sock: socket.socket, key: bytes, nonce: str, is_chief: bool) -> None:
-        self.sock = sock
-        self.key = key
-        self.nonce = nonce
-        self.send_dir, self.recv_dir = ("c2n", "n2c") if is_chief else ("n2c", "c2n")
-        self.send_seq = 0
-        self.recv_seq = 0
-        self.buffer = b""
-        self.send_lock = threading.Lock()
-
-    def _mac(self, direction: str, seq: int, payload: str) -> str:
-        msg = f"{self.nonce}|{direction}|{seq}|{payload}".encode()
-        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
-
-    def send(self, message: Message) -> None:
-        payload = json.dumps(message, separators=(",", ":"))
-        with self.send_lock:
-            line = f"{self._mac(self.send_dir, self.send_seq, payload)} {payload}\n"
-            self.send_seq += 1
-            self.sock.sendall(line.encode())
-
-    def recv_lines(self) -> Optional[list[Message]]:
-        """Read what is available; ``None`` on EOF or a bad line."""
-        try:
-            data = self.sock.recv(65536)
-        except (BlockingIOError, InterruptedError, socket.timeout):
-            return []
-        except OSError:
-            return None
-        if not data:
-            return None
-        self.buffer += data
-        out: list[Message] = []
-        while b"\n" in self.buffer:
-            raw, self.buffer = self.buffer.split(b"\n", 1)
-            msg = self._verify(raw)
-            if msg is None:
-                return None
-            out.append(msg)
-        if len(self.buffer) > _MAX_LINE:
-            logger.warning("control channel: over-long line from peer; closing connection")
-            return None
-        return out
-
-    def _verify(self, raw: bytes) -> Optional[Message]:
-        try:
-            mac, payload = raw.decode("ascii", errors="strict").split(" ", 1)
-        except (UnicodeDecodeError, ValueError):
-            _DROPS.note("malformed")
-            return None
-        expected = self._mac(self.recv_dir, self.recv_seq, payload)
-        if not hmac.compare_digest(mac, expected):
-            _DROPS.note("unauthenticated")
-            return None
-        self.recv_seq += 1
-        try:
-            msg = json.loads(payload)
-        except json.JSONDecodeError:
-            return None
-        return msg if isinstance(msg, dict) else None
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-class _DropLog:
-    """Logs dropped lines at most once per ``_DROP_LOG_PERIOD``, with a count,
-    so a port scanner or a fuzzer cannot flood the job's log."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.last = -_DROP_LOG_PERIOD
-
-    def note(self, kind: str) -> None:
-        with self.lock:
-            self.counts[kind] += 1
-            now = time.monotonic()
-            if now - self.last < _DROP_LOG_PERIOD:
-                return
-            self.last = now
-            what = ", ".join(f"{n} {k}" for k, n in sorted(self.counts.items()))
-            self.counts.clear()
-        logger.warning("control channel: dropped lines (%s); each closed its connection", what)
-
-
-_DROPS = _DropLog()
-
-
-def derive_key(secret: str) -> bytes:
-    return hashlib.sha256(b"determined_launch control\0" + secret.encode()).digest()
-
-
 class ControlLink:
     """One side of the channel. Incoming messages land in ``inbox`` (a deque,
-    safe to pop from the supervisor's loop); ``send`` and ``broadcast`` are
-    thread-safe.
+    safe to pop from the supervisor's loop); ``deliver`` (``send`` on a node,
+    ``broadcast`` on the chief) is thread-safe.
 
     ``node`` in every message is the sender's container rank; the chief adds
     a ``Kind.LOST`` message (``node``, ``why``) to its inbox when a node disconnects or
@@ -177,6 +67,12 @@ class ControlLink:
     def close(self) -> None:
         self._stop.set()
 
+    def deliver(self, message: Message) -> None:
+        """Send the way this side sends: the chief to every node, a node to
+        the chief. Raises OSError only on a node (the chief's reader threads
+        report a broken link themselves)."""
+        raise NotImplementedError
+
 
 class ChiefLink(ControlLink):
     """The chief's side: accepts one connection per non-chief node."""
@@ -184,7 +80,7 @@ class ChiefLink(ControlLink):
     def __init__(self, bind_host: str, port: int, num_nodes: int, secret: str) -> None:
         super().__init__(0, secret)
         self.num_nodes = num_nodes
-        self.streams: dict[int, _AuthenticatedStream] = {}
+        self.streams: dict[int, AuthenticatedStream] = {}
         self._lock = threading.Lock()
         self.listener = _listen(bind_host, port)
         self._spawn(self._accept_loop)
@@ -208,7 +104,7 @@ class ChiefLink(ControlLink):
 
     def _serve(self, sock: socket.socket) -> None:
         nonce = secrets.token_hex(16)
-        stream = _AuthenticatedStream(sock, self.key, nonce, is_chief=True)
+        stream = AuthenticatedStream(sock, self.key, nonce, is_chief=True)
         try:
             sock.sendall(f"{nonce}\n".encode())
             sock.settimeout(HEARTBEAT_TIMEOUT)
@@ -237,7 +133,7 @@ class ChiefLink(ControlLink):
         if not self._stop.is_set():
             self.inbox.append(message(Kind.LOST, node=node, why=why))
 
-    def _pump(self, stream: _AuthenticatedStream, node: int) -> str:
+    def _pump(self, stream: AuthenticatedStream, node: int) -> str:
         """Serve one node until it leaves; returns how it was lost."""
         stream.sock.settimeout(0.5)
         last_heard = time.monotonic()
@@ -265,6 +161,9 @@ class ChiefLink(ControlLink):
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL):
             self.broadcast(message(Kind.HEARTBEAT))
+
+    def deliver(self, message: Message) -> None:
+        self.broadcast(message)
 
     def broadcast(self, message: Message) -> None:
         with self._lock:
@@ -330,6 +229,9 @@ class NodeLink(ControlLink):
     def send(self, message: Message) -> None:
         self.stream.send(message)
 
+    def deliver(self, message: Message) -> None:
+        self.send(message)
+
     def close(self) -> None:
         super().close()
         try:
@@ -339,7 +241,7 @@ class NodeLink(ControlLink):
         self.stream.close()
 
 
-def _read_first(stream: _AuthenticatedStream) -> Optional[Message]:
+def _read_first(stream: AuthenticatedStream) -> Optional[Message]:
     deadline = time.monotonic() + HEARTBEAT_TIMEOUT
     while time.monotonic() < deadline:
         msgs = stream.recv_lines()
@@ -375,7 +277,7 @@ def _listen(host: str, port: int) -> socket.socket:
     )
 
 
-def _connect(host: str, port: int, key: bytes, timeout: float) -> _AuthenticatedStream:
+def _connect(host: str, port: int, key: bytes, timeout: float) -> AuthenticatedStream:
     deadline = time.monotonic() + timeout
     last_error: Optional[Exception] = None
     while time.monotonic() < deadline:
@@ -393,7 +295,7 @@ def _connect(host: str, port: int, key: bytes, timeout: float) -> _Authenticated
                 if not chunk:
                     raise ConnectionError("chief closed the connection")
                 nonce += chunk
-            return _AuthenticatedStream(sock, key, nonce.decode().strip(), is_chief=False)
+            return AuthenticatedStream(sock, key, nonce.decode().strip(), is_chief=False)
         except (OSError, UnicodeDecodeError) as e:
             last_error = e
             sock.close()

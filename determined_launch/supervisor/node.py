@@ -27,11 +27,12 @@ from determined_launch.supervisor import verdict as v
 from determined_launch.supervisor.config import SupervisorConfig
 from determined_launch.supervisor.files import write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
+from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
 
-logger = logging.getLogger("determined_launch.supervise")
+logger = logging.getLogger("determined_launch.supervisor")
 
 _TICK = 0.05
 #: Forwarded to every process group without changing the job's state.
@@ -58,6 +59,10 @@ class Supervisor:
         self.signals: collections.deque[int] = collections.deque()
         self.seen_status_files: set[str] = set()
         self._term_sent_at: Optional[float] = None  # when the stop's TERM went out
+        tools = tuple(p.name for p in plan.processes if p.tool and labels_workers(p.argv))
+        self.tool_output: Optional[ToolOutput] = None
+        if tools and not config.verbose:
+            self.tool_output = ToolOutput(runtime.tool_log, tools)
         role = (
             v.Role.SINGLE if info.single_node else v.Role.CHIEF if info.is_chief else v.Role.NODE
         )
@@ -83,7 +88,9 @@ class Supervisor:
             self._prepare_files()
             self.processes.become_subreaper()
             self._open_control_link()
-            self.processes.start(self.plan.processes, self._process_env, self._ignored_signals())
+            self.processes.start(
+                self.plan.processes, self._process_env, self._ignored_signals(), self.tool_output
+            )
             self._watch()
             # Exit only once every process we started is gone, so the next
             # command in a script never meets this job's workers.
@@ -93,10 +100,16 @@ class Supervisor:
             status = self.verdict.result
             if status is None:  # unreachable: _watch returns only when finished
                 status = 1
-            print(f"det-launch: {self.verdict.summary()}", file=sys.stderr, flush=True)
+            note = ""
+            if self.tool_output is not None:
+                note = report_tool_log(self.tool_output, status, self.verdict.cause,
+                                       self.info.container_rank)
+            print(f"det-launch: {self.verdict.summary()}{note}", file=sys.stderr, flush=True)
             return status
         finally:
             self.processes.ensure_gone(self.config.kill_after)
+            if self.tool_output is not None:
+                self.tool_output.close()
             if self.link is not None:
                 self.link.close()
             self._restore_signal_handlers(old_handlers)
@@ -253,28 +266,21 @@ class Supervisor:
                 write_private_file(
                     self.runtime.preempt_signal_file, json.dumps({"reason": action.reason})
                 )
-            elif isinstance(action, v.SendToChief):
-                self._send(action.msg)
-            elif isinstance(action, v.Broadcast):
-                self._broadcast(action.msg)
+            elif isinstance(action, (v.SendToChief, v.Broadcast)):
+                # The verdict asks a node only to send to the chief and the
+                # chief only to broadcast: each link sends its one way.
+                self._deliver(action.msg)
             elif isinstance(action, v.Log):
                 logger.warning("det-launch: %s", action.text)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        from determined_launch.supervisor.control import NodeLink
-
-        if isinstance(self.link, NodeLink):
-            try:
-                self.link.send(message)
-            except OSError:
-                why = "was lost (sending to it failed)"
-                self.link.inbox.append(v.message(v.Kind.LOST, node=0, why=why))
-
-    def _broadcast(self, message: dict[str, Any]) -> None:
-        from determined_launch.supervisor.control import ChiefLink
-
-        if isinstance(self.link, ChiefLink):
-            self.link.broadcast(message)
+    def _deliver(self, message: dict[str, Any]) -> None:
+        if self.link is None:
+            return
+        try:
+            self.link.deliver(message)
+        except OSError:
+            why = "was lost (sending to it failed)"
+            self.link.inbox.append(v.message(v.Kind.LOST, node=0, why=why))
 
     # -------------------------------------------------------------- signals
     def _install_signal_handlers(self) -> dict[int, Any]:

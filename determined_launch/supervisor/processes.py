@@ -21,6 +21,7 @@ import psutil
 
 from determined_launch.backends.plan import ProcessSpec
 from determined_launch.errors import LaunchError
+from determined_launch.supervisor.relay import ToolOutput
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
@@ -68,7 +69,10 @@ class ProcessSet:
         specs: Sequence[ProcessSpec],
         env_for: Callable[[ProcessSpec], Mapping[str, str]],
         ignored_signals: Sequence[int],
+        relay: Optional[ToolOutput] = None,
     ) -> None:
+        """Start ``specs`` in order; with ``relay``, framework launchers'
+        output goes through it (their own lines to its log)."""
         prctl = self._prctl
         launcher_pid = os.getpid()
 
@@ -84,15 +88,23 @@ class ProcessSet:
                     os._exit(128 + signal.SIGTERM)
 
         for spec in specs:
+            relayed = relay is not None and spec.tool and spec.name in relay.tool_names
+            ends = relay.pipes() if relay is not None and relayed else (None, None)
             try:
                 proc = subprocess.Popen(
                     list(spec.argv),
                     env=dict(env_for(spec)),
                     start_new_session=True,
                     preexec_fn=prepare_child,
+                    stdout=ends[0],
+                    stderr=ends[1],
                 )
             except OSError as e:
                 raise LaunchError(f"cannot start {spec.name} ({spec.argv[0]}): {e}") from None
+            finally:
+                for fd in ends:
+                    if fd is not None:
+                        os.close(fd)  # the tool has its copies; EOF comes when all are gone
             self.procs.append(proc)
             if spec.tool:
                 self.tool_pids.add(proc.pid)

@@ -24,10 +24,10 @@ order at a time:
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Optional
 
 from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
+from determined_launch.supervisor import peers
 from determined_launch.supervisor.events import (
     _TEARDOWN_STATUSES,
     Action,
@@ -171,21 +171,21 @@ class Verdict:
         elif isinstance(event, RankExited):
             if event.status != 0:
                 what = f"rank {event.rank}"
-                self._note(Failure(event.status, what, self.s.node, self.s.host, event.time),
+                self.note(Failure(event.status, what, self.s.node, self.s.host, event.time),
                            now, wall, out)
         elif isinstance(event, SignalReceived):
             self._signal(event.sig, now, wall, out)
         elif isinstance(event, PreemptFileAppeared):
-            self._request_preemption(f"saw the preemption file {event.path}", None, now, wall, out)
+            self.request_preemption(f"saw the preemption file {event.path}", None, now, wall, out)
         elif isinstance(event, PreemptListening):
             self.listening = True
         elif isinstance(event, PreemptAcknowledged):
             self.acked = True
         elif isinstance(event, PeerMessage):
             if self.s.role == Role.CHIEF:
-                self._chief_message(event.msg, now, wall, out)
+                peers.chief_message(self, event.msg, now, wall, out)
             elif self.s.role == Role.NODE:
-                self._node_message(event.msg, now, wall, out)
+                peers.node_message(self, event.msg, now, wall, out)
         self._progress(now, wall, out)
         return out
 
@@ -193,12 +193,12 @@ class Verdict:
         """Act on deadlines that have passed."""
         out: list[Action] = []
         if self.window_ends is not None and now >= self.window_ends:
-            self._decide(now, wall, out)
+            peers.decide(self, now, wall, out)
         grace_over = self.preempt_at is not None and now >= self.preempt_at
         if self.phase == Phase.PREEMPTING and grace_over:
             self.preempt_at = None
             grace = f"{self.s.preempt_grace:g}s"
-            self._note(
+            self.note(
                 Failure(128 + signal.SIGTERM, "workers", self.s.node, self.s.host, wall,
                         how=f"did not stop within the preemption grace period of {grace}",
                         interrupt=True),
@@ -209,9 +209,9 @@ class Verdict:
             self.kill_at = now + KILL_REPEAT
         if self.drain_until is not None and now >= self.drain_until and self.result is None:
             self.drain_until = None
-            self._set_result(self._local_status())
+            self.set_result(self.local_status())
         if not self.connect_checked and self.phase == Phase.RUNNING:
-            self._check_connected(now, wall, out)
+            peers.check_connected(self, now, wall, out)
         self._progress(now, wall, out)
         return out
 
@@ -224,18 +224,15 @@ class Verdict:
         if role == "worker":
             self.worker_status[e.index] = e.status
         if e.status != 0:
-            self._note(Failure(e.status, self._name(e.index), self.s.node, self.s.host, e.time),
+            self.note(Failure(e.status, self.s.names[e.index], self.s.node, self.s.host, e.time),
                        now, wall, out)
-        elif role == "service" and not self._workers_succeeded() and self.phase in (
+        elif role == "service" and not self.workers_succeeded() and self.phase in (
             Phase.RUNNING, Phase.PREEMPTING
         ):
-            self._note(Failure(1, self._name(e.index), self.s.node, self.s.host, e.time,
+            self.note(Failure(1, self.s.names[e.index], self.s.node, self.s.host, e.time,
                                how="(a service) exited early"), now, wall, out)
 
-    def _name(self, index: int) -> str:
-        return self.s.names[index]
-
-    def _workers_succeeded(self) -> bool:
+    def workers_succeeded(self) -> bool:
         workers = [i for i, r in enumerate(self.s.roles) if r == "worker"]
         return all(self.worker_status.get(i) == 0 for i in workers)
 
@@ -255,7 +252,7 @@ class Verdict:
                 self._interrupt(sig, f"received a second {signal_name(sig)} during preemption", now,
                                 wall, out)
             else:
-                self._request_preemption(f"received {signal_name(sig)}", sig, now, wall, out)
+                self.request_preemption(f"received {signal_name(sig)}", sig, now, wall, out)
         elif sig in (signal.SIGINT, signal.SIGTERM):
             out.append(SignalGroups(sig))
             self._interrupt(sig, None, now, wall, out)
@@ -266,14 +263,14 @@ class Verdict:
         self, sig: int, how: Optional[str], now: float, wall: float, out: list[Action]
     ) -> None:
         how = how or f"was interrupted by {signal_name(sig)}"
-        self._note(Failure(128 + sig, "the launcher", self.s.node, self.s.host, wall, how=how,
+        self.note(Failure(128 + sig, "the launcher", self.s.node, self.s.host, wall, how=how,
                            interrupt=True), now, wall, out)
         # From here on deaths are ours (we forward the signal), even while the
         # chief still waits out its failure window before stopping.
         if self.stop_wall is None:
             self.stop_wall = wall
 
-    def _request_preemption(
+    def request_preemption(
         self, reason: str, sig: Optional[int], now: float, wall: float, out: list[Action]
     ) -> None:
         if self.phase != Phase.RUNNING:
@@ -287,9 +284,9 @@ class Verdict:
         out.append(Log(f"the launcher {reason}; asking workers to checkpoint and exit"))
         if self.s.role == Role.NODE:
             out.append(SendToChief(message(Kind.PREEMPT)))
-        self._begin_preemption(reason, now, out)
+        self.begin_preemption(reason, now, out)
 
-    def _begin_preemption(self, reason: str, now: float, out: list[Action]) -> None:
+    def begin_preemption(self, reason: str, now: float, out: list[Action]) -> None:
         if self.phase != Phase.RUNNING:
             return
         self.phase = Phase.PREEMPTING
@@ -298,7 +295,7 @@ class Verdict:
         if self.s.role == Role.CHIEF:
             out.append(Broadcast(message(Kind.PREEMPT)))
 
-    def _note(self, f: Failure, now: float, wall: float, out: list[Action]) -> None:
+    def note(self, f: Failure, now: float, wall: float, out: list[Action]) -> None:
         """A failure (or interruption) report; deaths after our stop are ours."""
         if self.stop_wall is not None and f.time >= self.stop_wall:
             return
@@ -312,27 +309,16 @@ class Verdict:
         if self.result_from_cause:
             # A report that arrived late (a status file read after the last
             # exit) but happened before the stop may still be the first.
-            self.result = self._local_status()
+            self.result = self.local_status()
         if self.s.role == Role.SINGLE:
-            self._begin_stop(f.describe(), now, wall, out)
+            self.begin_stop(f.describe(), now, wall, out)
         elif self.s.role == Role.NODE:
             out.append(SendToChief(message(Kind.FAILED, **f.to_message())))
-            self._begin_stop(f.describe(), now, wall, out)
+            self.begin_stop(f.describe(), now, wall, out)
         elif self.window_ends is None:
             self.window_ends = now + FAILURE_WINDOW
 
-    def _decide(self, now: float, wall: float, out: list[Action]) -> None:
-        """Chief: the window is over; freeze the verdict and tell every node."""
-        self.window_ends = None
-        cause = pick_cause(self.candidates)
-        if cause is None or self.decided_cause is not None:
-            return
-        self.decided_cause = cause
-        count = self.genuine_failures()
-        out.append(Broadcast(message(Kind.ABORT, failure=cause.to_message(), failures=count)))
-        self._begin_stop(cause.describe(), now, wall, out)
-
-    def _begin_stop(self, reason: str, now: float, wall: float, out: list[Action]) -> None:
+    def begin_stop(self, reason: str, now: float, wall: float, out: list[Action]) -> None:
         if self.phase in (Phase.STOPPING, Phase.DONE):
             return
         self.stop_reason = self.stop_reason or reason
@@ -344,120 +330,40 @@ class Verdict:
             out.append(SignalAll(signal.SIGTERM))
             self.kill_at = now + self.s.kill_after
 
-    def _chief_message(self, msg: Mapping[str, Any], now: float, wall: float,
-                       out: list[Action]) -> None:
-        kind = msg.get("type")
-        node = _int(msg.get("node"), -1)
-        if kind == Kind.HELLO:
-            self.connected.add(node)
-        elif kind == Kind.FAILED:
-            f = Failure.from_message(msg)
-            if f is not None:
-                self._note(f, now, wall, out)
-        elif kind == Kind.LOST and node not in self.node_results:
-            how = str(msg.get("why") or "was lost")
-            self._note(Failure(1, "the launcher", node, self.s.addr(node), wall, how=how),
-                       now, wall, out)
-        elif kind == Kind.PREEMPT:
-            self._request_preemption(f"was asked to preempt by node {node}", None, now, wall, out)
-        elif kind == Kind.DONE:
-            self.node_results[node] = _int(msg.get("status"), 1)
-
-    def _node_message(self, msg: Mapping[str, Any], now: float, wall: float,
-                      out: list[Action]) -> None:
-        kind = msg.get("type")
-        if kind == Kind.ABORT:
-            failure = msg.get("failure")
-            cause = Failure.from_message(failure) if isinstance(failure, Mapping) else None
-            self.chief_cause = cause or pick_cause(self.candidates) or Failure(
-                1, "the chief's launcher", 0, self.s.addr(0), wall, how="stopped the job")
-            self.chief_failures = _int(msg.get("failures"), 1)
-            self._begin_stop("the chief stopped the job", now, wall, out)
-            self._set_result(self.chief_cause.status)
-        elif kind == Kind.PREEMPT:
-            if self.listening:
-                self._begin_preemption("was asked to preempt by the chief", now, out)
-            else:
-                self._request_preemption("was asked to preempt by the chief", None, now, wall,
-                                         out)
-        elif kind == Kind.FINISH:
-            self._set_result(_int(msg.get("status"), 1))
-            # A services-only node (ssh mode) ends with the chief's job.
-            self._begin_stop("the job finished on the chief", now, wall, out)
-        elif kind == Kind.LOST:
-            self.chief_gone = True
-            if self.phase in (Phase.RUNNING, Phase.PREEMPTING):
-                self._note(Failure(1, "the chief's launcher", 0, self.s.addr(0), wall,
-                                   how=str(msg.get("why") or "was lost")), now, wall, out)
-            elif self.result is None and not self.candidates:
-                self.candidates.append(Failure(1, "the chief's launcher", 0, self.s.addr(0), wall,
-                                               how=str(msg.get("why") or "was lost")))
-
-    def _check_connected(self, now: float, wall: float, out: list[Action]) -> None:
-        if now - self.started_at < self.s.connect_timeout:
-            return
-        self.connect_checked = True
-        missing = set(range(1, len(self.s.hosts))) - self.connected - set(self.node_results)
-        if missing:
-            node = min(missing)
-            self._note(Failure(1, "the launcher", node, self.s.addr(node), wall,
-                               how=f"never connected within {self.s.connect_timeout:g}s"),
-                       now, wall, out)
-
-    def _local_status(self) -> int:
+    def local_status(self) -> int:
         cause = self.cause
         if cause is not None:
             return cause.status
         return 1 if self.stop_reason else EXIT_OK
 
-    def _set_result(self, status: int) -> None:
+    def set_result(self, status: int) -> None:
         if self.result is None:
             self.result = status
 
     def _progress(self, now: float, wall: float, out: list[Action]) -> None:
         """Move on when the workers are done, or when everything has exited."""
-        if self.phase in (Phase.RUNNING, Phase.PREEMPTING) and self._workers_succeeded():
-            self._local_success(now, wall, out)
+        if self.phase in (Phase.RUNNING, Phase.PREEMPTING) and self.workers_succeeded():
+            peers.local_success(self, now, wall, out)
         if self.s.role == Role.NODE and self.chief_gone and self.phase == Phase.DRAINING:
-            self._set_result(self._local_status())
+            self.set_result(self.local_status())
         if self.s.role == Role.CHIEF and self.phase == Phase.DRAINING and self.result is None:
             if len(self.node_results) >= len(self.s.hosts):
                 status = EXIT_PREEMPTED if EXIT_PREEMPTED in self.node_results.values() else 0
                 out.append(Broadcast(message(Kind.FINISH, status=status)))
-                self._set_result(status)
-                self._begin_stop("the job finished", now, wall, out)
+                self.set_result(status)
+                self.begin_stop("the job finished", now, wall, out)
         if self.phase == Phase.STOPPING and not self.alive and self.result is None:
             if self.s.role == Role.NODE and self.chief_cause is None and not self.chief_gone:
                 # Wait briefly for the chief's word on which rank failed first.
                 self.phase = Phase.DRAINING
                 self.drain_until = now + DRAIN_WAIT
             elif self.s.role != Role.CHIEF or self.decided_cause is not None or not self.candidates:
-                self._set_result(self._local_status())
+                self.set_result(self.local_status())
                 self.result_from_cause = self.s.role == Role.SINGLE
         if self.result is not None and self.alive and self.phase != Phase.STOPPING:
-            self._begin_stop("the job's result is decided", now, wall, out)
+            self.begin_stop("the job's result is decided", now, wall, out)
         if self.finished:
             self.phase = Phase.DONE
             self.kill_at = self.preempt_at = self.drain_until = self.window_ends = None
 
-    def _local_success(self, now: float, wall: float, out: list[Action]) -> None:
-        # Workers that acknowledged a preemption stopped so they can resume,
-        # whether the request came through us or from Python.
-        status = EXIT_PREEMPTED if self.acked else EXIT_OK
-        self.preempt_at = None
-        if self.s.role == Role.SINGLE:
-            self._set_result(status)
-            self._begin_stop("the job finished", now, wall, out)
-        elif self.s.role == Role.CHIEF:
-            self.node_results[0] = status
-            self.phase = Phase.DRAINING
-        else:
-            out.append(SendToChief(message(Kind.DONE, status=status)))
-            self.phase = Phase.DRAINING
 
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default

@@ -1,4 +1,4 @@
-"""``python -m determined_launch.horovod_rendezvous --addr A --port P --hosts h:n,...``
+"""``python -m determined_launch.nodeexec.horovod_rendezvous --addr A --port P --hosts h:n,...``
 
 Horovod's own rendezvous server (the HTTP key-value store horovodrun runs
 for gloo), on a port every node knows in advance, for the ssh-free
@@ -18,11 +18,11 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from determined_launch.gate import is_local_address
+from determined_launch.nodeexec.gate import is_local_address
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m determined_launch.horovod_rendezvous")
+    p = argparse.ArgumentParser(prog="python -m determined_launch.nodeexec.horovod_rendezvous")
     p.add_argument("--addr", required=True, help="the chief's address")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--hosts", required=True, help="HOST:SLOTS,... in rank order")

@@ -1,4 +1,4 @@
-"""``python -m determined_launch.gate [CHECKS...] -- CMD...``: check, then exec.
+"""``python -m determined_launch.nodeexec.gate [CHECKS...] -- CMD...``: check, then exec.
 
 A plan's processes are plain argv lists, so anything that must happen at
 run time right before a command starts goes through this small gate, which
@@ -152,11 +152,12 @@ def iface_for(addr: str) -> Optional[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python -m determined_launch.gate [CHECKS...] -- CMD...", file=sys.stderr)
+        print("usage: python -m determined_launch.nodeexec.gate [CHECKS...] -- CMD...",
+              file=sys.stderr)
         return 2
     i = argv.index("--")
     own, command = argv[:i], argv[i + 1 :]
-    p = argparse.ArgumentParser(prog="python -m determined_launch.gate")
+    p = argparse.ArgumentParser(prog="python -m determined_launch.nodeexec.gate")
     p.add_argument("--wait-tcp", action="append", default=[])
     p.add_argument("--wait-ssh", action="append", default=[])
     p.add_argument("--timeout", type=float, default=300.0)

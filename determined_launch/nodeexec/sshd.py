@@ -1,4 +1,4 @@
-"""``python -m determined_launch.sshd --sshd PATH --config F --addr A --port P``
+"""``python -m determined_launch.nodeexec.sshd --sshd PATH --config F --addr A --port P``
 
 Runs the job's sshd in the foreground (a "service" process of the plan),
 after the two decisions that need the running machine:
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from determined_launch.gate import is_local_address
+from determined_launch.nodeexec.gate import is_local_address
 
 
 def listen_address(addr: str, port: int) -> str:
@@ -45,7 +45,7 @@ def privsep_dir(sshd: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m determined_launch.sshd")
+    p = argparse.ArgumentParser(prog="python -m determined_launch.nodeexec.sshd")
     p.add_argument("--sshd", required=True)
     p.add_argument("--config", required=True)
     p.add_argument("--addr", required=True)

@@ -1,0 +1,156 @@
+"""The launcher tools' own output goes to a log, their workers' lines pass
+(issue 11, defect 3): the line router in isolation, then real torchrun jobs."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from determined_launch.supervisor.relay import LineRouter, ToolOutput, labels_workers, tail
+from tests.conftest import Launch, base_env, launcher_cmd
+
+WORKER_LINES = [
+    b"[rank=0] hello\n",
+    b"[rank=12] x\n",
+    b"[1]<stdout>:[rank=1] from horovodrun\n",
+    b"[0,1]<stderr>:[rank=1] from mpirun --tag-output\n",
+    b"127.0.0.1: [rank=3] from pdsh\n",
+    b"node-2.cluster: [rank=3] from pdsh\n",
+    b"det-launch: error: from the gate\n",
+    b"[rank=0] " + b"y" * 100_000 + b"\n",
+]
+TOOL_LINES = [
+    b"*****************************************\n",
+    b"Traceback (most recent call last):\n",
+    b"torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15\n",
+    b"[2026-11-23 13:44:40,349] [INFO] [runner.py:1] cmd = ...\n",
+    b"127.0.0.1: [2026-11-23 13:44:40,349] [INFO] [launch.py:1] from pdsh\n",
+    b"[rank] not a label\n",
+    b"\n",
+    b"z" * 1000 + b"\n",
+]
+
+
+def route(chunks: list[bytes]) -> tuple[bytes, bytes]:
+    router = LineRouter()
+    ours, tool = [], []
+    for chunk in chunks:
+        o, t = router.feed(chunk)
+        ours.append(o)
+        tool.append(t)
+    o, t = router.flush()
+    return b"".join(ours + [o]), b"".join(tool + [t])
+
+
+def test_each_line_goes_its_way() -> None:
+    for line in WORKER_LINES:
+        assert route([line]) == (line, b""), line[:60]
+    for line in TOOL_LINES:
+        assert route([line]) == (b"", line), line[:60]
+
+
+def test_a_chunk_of_worker_lines_passes_whole() -> None:
+    chunk = b"".join(WORKER_LINES[:2] * 100)
+    assert LineRouter().feed(chunk) == (chunk, b"")
+
+
+def test_a_line_split_mid_label_is_held_until_decided() -> None:
+    router = LineRouter()
+    assert router.feed(b"[ra") == (b"", b"")
+    assert router.holding
+    assert router.feed(b"nk=0] hi\nTrace") == (b"[rank=0] hi\n", b"")
+    assert router.flush() == (b"", b"Trace")  # a pause routes the held head
+    assert router.feed(b"back\n") == (b"", b"back\n")  # and the line's rest follows it
+
+
+def test_a_long_line_without_end_is_not_held() -> None:
+    router = LineRouter()
+    assert router.feed(b"w" * 400) == (b"", b"w" * 400)
+    assert not router.holding
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(st.sampled_from(WORKER_LINES[:-1] + TOOL_LINES), max_size=20),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=10),
+)
+def test_routing_does_not_depend_on_how_reads_cut_the_stream(
+    lines: list[bytes], cuts: list[int]
+) -> None:
+    stream = b"".join(lines)
+    points = sorted({min(c, len(stream)) for c in cuts})
+    chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)])]
+    expected = (
+        b"".join(line for line in lines if line in WORKER_LINES),
+        b"".join(line for line in lines if line in TOOL_LINES),
+    )
+    assert route([c for c in chunks if c]) == expected
+
+
+def test_only_tools_whose_workers_are_labelled_are_relayed() -> None:
+    assert labels_workers(("py", "-m", "torch.distributed.run", "py", "-m", "wrap_rank", "RANK"))
+    assert not labels_workers(("py", "-m", "wrap_rank", "--no-redirect-stdio", "0", "x"))
+    assert not labels_workers(("horovodrun", "-np", "2", "python", "train.py"))
+
+
+def test_kept_log_is_private_and_leaves_the_job_directory(tmp_path: Path) -> None:
+    job = tmp_path / "det-launch-job"
+    job.mkdir()
+    output = ToolOutput(str(job / "launcher-tools.log"), ("torchrun",))
+    out_w, err_w = output.pipes()
+    os.write(err_w, b"[rank=0] passes\nagent noise\n")
+    os.close(out_w)
+    os.close(err_w)
+    output.close()
+    kept = output.keep("det-launch-tools-")
+    assert kept is not None and Path(kept).parent == tmp_path
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
+    assert tail(kept) == "agent noise"
+    assert not (job / "launcher-tools.log").exists()
+
+
+def _log_path(summary: str) -> Path:
+    found = re.search(r"\(launcher tools' log: (\S+)\)$", summary)
+    assert found, summary
+    return Path(found.group(1))
+
+
+def test_failing_job_prints_no_tool_noise_and_names_the_log(tmp_path: Path,
+                                                            launches: list[Launch]) -> None:
+    env = base_env(DET_LAUNCH_SLOTS="2", TMPDIR=str(tmp_path))
+    del env["OMP_NUM_THREADS"]  # so that torchrun prints its banner
+    quiet = Launch(launcher_cmd(sys.executable, "/nonexistent/script.py"), env)
+    launches.append(quiet)
+    assert quiet.wait(60) == 2, quiet.stderr
+    out = quiet.stdout + quiet.stderr
+    assert "[rank=0] " in out and "/nonexistent/script.py" in out  # the workers' lines pass
+    assert "Traceback" not in out and "OMP_NUM_THREADS" not in out, out  # torchrun's do not
+    log = _log_path(quiet.stderr.rstrip().splitlines()[-1])
+    assert log.parent == tmp_path and "OMP_NUM_THREADS" in log.read_text()
+    assert "[rank=" not in log.read_text()
+
+    loud = Launch(launcher_cmd(sys.executable, "/nonexistent/script.py"),
+                  {**env, "DET_LAUNCH_VERBOSE": "1"})
+    launches.append(loud)
+    assert loud.wait(60) == 2, loud.stderr
+    assert "OMP_NUM_THREADS" in loud.stderr
+    assert "launcher tools' log" not in loud.stderr
+    assert list(tmp_path.glob("det-launch-tools-*")) == [log]
+
+
+def test_when_the_tool_itself_fails_its_last_lines_are_shown(tmp_path: Path,
+                                                             launches: list[Launch]) -> None:
+    env = base_env(DET_LAUNCH_SLOTS="1", TMPDIR=str(tmp_path))
+    launch = Launch(launcher_cmd("--no-such-flag", "--", sys.executable, "-c", "pass"), env)
+    launches.append(launch)
+    assert launch.wait(60) == 2, launch.stderr
+    assert "unrecognized arguments: --no-such-flag" in launch.stderr
+    summary = launch.stderr.rstrip().splitlines()[-1]
+    assert "torchrun on node 0" in summary
+    assert _log_path(summary).exists()
