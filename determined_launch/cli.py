@@ -85,6 +85,15 @@ def info_command(options: LauncherOptions) -> int:
     return 0
 
 
+def _keep_separator(argv: Sequence[str], ns: argparse.Namespace) -> None:
+    """argparse drops the ``--`` right after the subcommand; put it back, so
+    that in ``exec -- CMD -- ARGS`` the first ``--`` ends our options and the
+    second stays CMD's own (``python3 -m determined.launch.X -- script``)."""
+    head = list(argv[: len(argv) - len(ns.args)])
+    if head[-2:] == [ns.command, "--"]:
+        ns.args = ["--", *ns.args]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
@@ -92,6 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (already printed)
         return int(e.code or 0) and EXIT_USAGE
+    _keep_separator(argv, ns)
     try:
         options = _options(ns)
     except LaunchError as e:

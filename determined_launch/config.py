@@ -59,6 +59,9 @@ OPTIONS: tuple[Option, ...] = (
            "validate everything and print the plan; start nothing", switch=True),
     Option("requeue", "DET_LAUNCH_REQUEUE", "--requeue", values.boolean, False,
            "after an acknowledged preemption, `scontrol requeue` the SLURM job", switch=True),
+    Option("no_determined_compat", "DET_LAUNCH_NO_DETERMINED_COMPAT", "--no-determined-compat",
+           values.boolean, False,
+           "do not map `python3 -m determined.launch.X` in workers to ours", switch=True),
     # Read by the workers (DistributedContext); checked before they start.
     Option("dist_timeout", envvars.DIST_TIMEOUT, None,
            functools.partial(values.seconds, positive=True), None,

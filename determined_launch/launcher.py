@@ -29,6 +29,7 @@ from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
+from determined_launch.compat import worker_pythonpath
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
 
@@ -65,6 +66,8 @@ class LauncherOptions:
     requeue: bool = False
     #: Slots on this node (``--slots``/``DET_LAUNCH_SLOTS``), for the detectors.
     slots: Optional[int] = None
+    #: Map ``python3 -m determined.launch.X`` in workers to ours (``compat.py``).
+    determined_compat: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -84,6 +87,7 @@ class LauncherOptions:
             dry_run=v["dry_run"],
             requeue=v["requeue"],
             slots=v["slots"],
+            determined_compat=not v["no_determined_compat"],
             **extra,
         )
 
@@ -186,8 +190,11 @@ def job_secret(info: ClusterInfo, env: Mapping[str, str]) -> str:
     return hashlib.sha256(basis.encode()).hexdigest()
 
 
-def make_runtime(info: ClusterInfo, env: Mapping[str, str]) -> JobRuntime:
-    """Create the private job directory and decide ports and secret."""
+def make_runtime(
+    info: ClusterInfo, env: Mapping[str, str], determined_compat: bool = True
+) -> JobRuntime:
+    """Create the private job directory and decide ports, secret and the
+    workers' ``PYTHONPATH``."""
     job_dir = tempfile.mkdtemp(prefix="det-launch-")  # mode 0700, unique per job
     master, control, dist = _ports(info, env)
     runtime = JobRuntime(
@@ -197,6 +204,7 @@ def make_runtime(info: ClusterInfo, env: Mapping[str, str]) -> JobRuntime:
         dist_port=dist,
         secret=job_secret(info, env),
         python=sys.executable,
+        pythonpath=worker_pythonpath(env, determined_compat),
     )
     write_private_file(runtime.cluster_info_file, json.dumps(info.to_file_dict(), indent=2))
     return runtime
@@ -221,7 +229,7 @@ def run(
     info = detect(detection_env(options, env), force=options.detector,
                   disable=options.disabled_detectors).info
     refuse_nested_launch(info, env)
-    runtime = make_runtime(info, env)
+    runtime = make_runtime(info, env, options.determined_compat)
     try:
         plan = build(info, runtime, args)
         if options.dry_run:
