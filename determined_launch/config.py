@@ -69,6 +69,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("dist_transport", envvars.DIST_TRANSPORT, None,
            functools.partial(values.choice, choices=("direct", "zmq")), None,
            "DistributedContext transport"),
+    Option("alert_webhook", envvars.ALERT_WEBHOOK, None, values.http_url, None,
+           "core_context.alert() also POSTs each alert to this URL"),
 )
 
 
