@@ -28,6 +28,7 @@ from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
+from determined_launch.cluster.local_trial import LocalTrialOptions, complete
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.compat import worker_pythonpath
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
@@ -68,6 +69,8 @@ class LauncherOptions:
     slots: Optional[int] = None
     #: Map ``python3 -m determined.launch.X`` in workers to ours (``compat.py``).
     determined_compat: bool = True
+    #: ``--hparams``, ``--config``, ``--fresh``: the local trial and resuming it.
+    local_trial: LocalTrialOptions = LocalTrialOptions()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -88,6 +91,8 @@ class LauncherOptions:
             requeue=v["requeue"],
             slots=v["slots"],
             determined_compat=not v["no_determined_compat"],
+            local_trial=LocalTrialOptions(
+                hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
             **extra,
         )
 
@@ -229,6 +234,7 @@ def run(
     info = detect(detection_env(options, env), force=options.detector,
                   disable=options.disabled_detectors).info
     refuse_nested_launch(info, env)
+    info = complete(info, env, options.local_trial, say=_say)
     runtime = make_runtime(info, env, options.determined_compat)
     try:
         plan = build(info, runtime, args)
@@ -243,6 +249,10 @@ def run(
         return status
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)
+
+
+def _say(message: str) -> None:
+    print(f"det-launch: {message}", file=sys.stderr, flush=True)
 
 
 def requeue_slurm_job(env: Mapping[str, str]) -> bool:

@@ -114,12 +114,15 @@ def _directory(value: str, what: str) -> pathlib.Path:
 
 def resolve_run_dir(run_dir: Optional[str], info: ClusterInfo) -> pathlib.Path:
     """``run_dir`` argument, else ``DET_RUN_DIR``, else
-    ``./det_runs/trial-<trial_id>`` (``./det_runs/local`` without a trial)."""
+    ``./det_runs/trial-<trial_id>`` (``./det_runs/local`` for the local trial,
+    or without a trial; the launcher finds checkpoints to resume by the same
+    rule, ``cluster/local_trial.py``)."""
     if run_dir:
         return _directory(str(run_dir), "core.init(run_dir=...)")
     if os.environ.get(RUN_DIR_ENV):
         return _directory(os.environ[RUN_DIR_ENV], f"environment variable {RUN_DIR_ENV}")
-    name = f"trial-{info.trial.trial_id}" if info.trial is not None else "local"
+    trial = info.trial
+    name = "local" if trial is None or trial.local else f"trial-{trial.trial_id}"
     return pathlib.Path(DEFAULT_RUNS_ROOT, name).absolute()
 
 
@@ -167,7 +170,8 @@ def init(
         distributed = _single_process()
 
     rundir_path = resolve_run_dir(run_dir, info)
-    trial_id = info.trial.trial_id if info.trial is not None else None
+    # The local trial's records carry no id, as before it existed.
+    trial_id = info.trial.trial_id if info.trial is not None and not info.trial.local else None
     rundir = RunDir(rundir_path, trial_id=trial_id)
     storage = resolve_checkpoint_storage(checkpoint_storage, rundir_path)
     if max_length is None and info.trial is not None:
