@@ -22,6 +22,7 @@ from typing import NoReturn, Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect, detector_names
+from determined_launch.cluster.local_trial import complete
 from determined_launch.errors import EXIT_USAGE, LaunchError
 from determined_launch.launcher import (
     LauncherOptions,
@@ -76,9 +77,10 @@ def info_command(options: LauncherOptions) -> int:
     """Print what was detected and why earlier detectors did not match."""
     env = detection_env(options, os.environ)
     report = detect(env, force=options.detector, disable=options.disabled_detectors)
+    info = complete(report.info, env, options.local_trial)  # what the workers would get
     out = {
         "detector": report.info.source,
-        "cluster_info": report.info.to_dict(),
+        "cluster_info": info.to_dict(),
         "skipped": [{"detector": name, "reason": why} for name, why in report.skipped],
     }
     print(json.dumps(out, indent=2))

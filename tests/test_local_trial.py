@@ -220,3 +220,25 @@ def test_tutorial_4_on_two_nodes_preempted_then_rerun_resumes(
     assert _xs(nodes[0].stdout) == list(range(stopped + 2, 61, 2)), nodes[0].stdout
     runs = json.loads((tmp_path / "run" / "latest_checkpoint.json").read_text())
     assert runs["metadata"] == {"steps_completed": 30} and runs["trial_id"] is None
+
+
+def test_launcher_bad_hparams_and_config_are_one_line_exit_2(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "exp.yaml").write_text("hyperparameters:\n  lr: {type: log, minval: -3, "
+                                       "maxval: -1}\n")
+    for flags, message in (
+        (["--hparams", "{bad"], "det-launch: error: --hparams / DET_LAUNCH_HPARAMS: JSON: "
+                                "invalid JSON at line 1 column 2"),
+        (["--config", "exp.yaml"], "det-launch: error: --config / DET_LAUNCH_CONFIG: config "
+                                   "exp.yaml: hyperparameters.lr: is a log range"),
+    ):
+        r = _run([sys.executable, "-m", "determined_launch.cli", *flags, "exec", "--", "true"],
+                 tmp_path)
+        assert r.returncode == 2 and r.stderr.startswith(message), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_info_shows_what_the_workers_get(tmp_path: pathlib.Path) -> None:
+    r = _run([sys.executable, "-m", "determined_launch.cli", "--hparams", '{"a": 1}', "info"],
+             tmp_path)
+    trial = json.loads(r.stdout)["cluster_info"]["trial"]
+    assert r.returncode == 0 and trial["hparams"] == {"a": 1} and trial["local"] is True
