@@ -99,14 +99,19 @@ def read_config(path: str) -> dict[str, Any]:
 def config_hparams(config: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The constants of the config's ``hyperparameters`` block (a range is an
     error: one trial needs one value; ``det-launch experiment`` searches)."""
-    from determined_launch.experiment import hparams  # pure, standard library only
+    # A pure, standard-library leaf (the only part of experiment/ below it may import).
+    from determined_launch.experiment.hparams import (
+        HParamError,
+        constants,
+        parse_hyperparameters,
+    )
 
     block = config.get("hyperparameters")
     if block is None:
         return {}
     try:
-        return hparams.constants(hparams.parse_hyperparameters(block))
-    except hparams.HParamError as e:
+        return constants(parse_hyperparameters(block))
+    except HParamError as e:
         raise ValueError(f"{where}: {e}") from None
 
 
