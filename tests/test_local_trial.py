@@ -130,6 +130,8 @@ def test_rerun_resumes_from_the_newest_committed_checkpoint(cwd: pathlib.Path) -
     assert newest != first
     assert det.get_cluster_info().latest_checkpoint == newest
     assert det.get_cluster_info({"DET_LAUNCH_FRESH": "1"}).latest_checkpoint is None
+    # Other hyperparameters: another trial, which starts fresh.
+    assert det.get_cluster_info({"DET_LAUNCH_HPARAMS": '{"a": 1}'}).latest_checkpoint is None
     with pytest.raises(ClusterInfoError, match="DET_LAUNCH_FRESH: expected one of"):
         det.get_cluster_info({"DET_LAUNCH_FRESH": "maybe"})
     # A checkpoint deleted since is no resume point.

@@ -13,8 +13,9 @@ is *the local trial* of the run directory:
   trials existed off-cluster, so existing run directories keep working.
 
 ``latest_checkpoint``, when nothing set it, is the newest checkpoint this run
-directory committed for the same trial (``latest_checkpoint.json``, checked
-against the checkpoint storage), unless ``--fresh`` (``DET_LAUNCH_FRESH``).
+directory committed for the same trial, i.e. the same id and hyperparameters
+(``latest_checkpoint.json``, checked against the checkpoint storage), unless
+``--fresh`` (``DET_LAUNCH_FRESH``).
 Our launchers decide all this once and mark the info ``resolved`` before
 handing it to their workers, so every rank sees the same answer.
 """
@@ -180,9 +181,14 @@ def latest_committed(run_dir: pathlib.Path, env: Mapping[str, str],
         return None
     if not isinstance(pointer, dict) or not isinstance(pointer.get("storage_id"), str):
         return None
-    recorded = pointer.get("trial_id", "absent")  # pointers before trial ids: any trial
-    expected = None if trial.local else trial.trial_id
-    if recorded not in ("absent", expected):
+    # Same trial: same id and same hyperparameters (pointers written before
+    # either was recorded match any trial).
+    recorded = pointer.get("trial_id", "absent")
+    if recorded not in ("absent", None if trial.local else trial.trial_id):
+        return None
+    recorded_hparams = pointer.get("hparams")
+    if recorded_hparams is not None and recorded_hparams != json.loads(
+            json.dumps(dict(trial.hparams), default=str)):
         return None
     storage_id: str = pointer["storage_id"]
     storage = env.get(envvars.CHECKPOINT_STORAGE) or str(run_dir.parent / "checkpoints")

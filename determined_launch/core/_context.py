@@ -172,7 +172,8 @@ def init(
     rundir_path = resolve_run_dir(run_dir, info)
     # The local trial's records carry no id, as before it existed.
     trial_id = info.trial.trial_id if info.trial is not None and not info.trial.local else None
-    rundir = RunDir(rundir_path, trial_id=trial_id)
+    rundir = RunDir(rundir_path, trial_id=trial_id,
+                    hparams=info.trial.hparams if info.trial is not None else None)
     storage = resolve_checkpoint_storage(checkpoint_storage, rundir_path)
     if max_length is None and info.trial is not None:
         max_length = info.trial.max_length

@@ -199,7 +199,7 @@ class CheckpointContext:
         self._run_dir.write_pointer(
             LATEST_POINTER,
             {"storage_id": storage_id, "trial_id": self._run_dir.trial_id,
-             "metadata": dict(metadata)},
+             "hparams": self._run_dir.hparams, "metadata": dict(metadata)},
         )
         logger.info("committed checkpoint %s (metadata=%s)", storage_id, dict(metadata))
 
