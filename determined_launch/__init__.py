@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
+from determined_launch.cluster.rendezvous import RendezvousInfo, ResourcesInfo
 
 if TYPE_CHECKING:
     from determined_launch import core, errors, pytorch
@@ -55,6 +56,8 @@ __all__ = [
     "LOG_FORMAT",
     "Batches",
     "ClusterInfo",
+    "RendezvousInfo",
+    "ResourcesInfo",
     "DistributedContext",
     "DistributedError",
     "Epochs",

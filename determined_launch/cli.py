@@ -22,6 +22,7 @@ from typing import NoReturn, Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect, detector_names
+from determined_launch.cluster.local_trial import complete
 from determined_launch.errors import EXIT_USAGE, LaunchError
 from determined_launch.launcher import (
     LauncherOptions,
@@ -76,13 +77,23 @@ def info_command(options: LauncherOptions) -> int:
     """Print what was detected and why earlier detectors did not match."""
     env = detection_env(options, os.environ)
     report = detect(env, force=options.detector, disable=options.disabled_detectors)
+    info = complete(report.info, env, options.local_trial)  # what the workers would get
     out = {
         "detector": report.info.source,
-        "cluster_info": report.info.to_dict(),
+        "cluster_info": info.to_dict(),
         "skipped": [{"detector": name, "reason": why} for name, why in report.skipped],
     }
     print(json.dumps(out, indent=2))
     return 0
+
+
+def _keep_separator(argv: Sequence[str], ns: argparse.Namespace) -> None:
+    """argparse drops the ``--`` right after the subcommand; put it back, so
+    that in ``exec -- CMD -- ARGS`` the first ``--`` ends our options and the
+    second stays CMD's own (``python3 -m determined.launch.X -- script``)."""
+    head = list(argv[: len(argv) - len(ns.args)])
+    if head[-2:] == [ns.command, "--"]:
+        ns.args = ["--", *ns.args]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -92,6 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (already printed)
         return int(e.code or 0) and EXIT_USAGE
+    _keep_separator(argv, ns)
     try:
         options = _options(ns)
     except LaunchError as e:

@@ -62,6 +62,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("verbose", "DET_LAUNCH_VERBOSE", "--verbose", values.boolean, False,
            "show torchrun's, deepspeed's and horovodrun's own output instead of logging it",
            switch=True),
+    # The local trial (cluster/local_trial.py): checked when the launcher resolves it.
+    Option("hparams", "DET_LAUNCH_HPARAMS", "--hparams", str, None,
+           "the local trial's hyperparameters: a JSON object or a JSON/YAML file",
+           metavar="JSON|FILE"),
+    Option("config", "DET_LAUNCH_CONFIG", "--config", str, None,
+           "the local trial's hyperparameters from this experiment config's constants",
+           metavar="EXP.yaml"),
+    Option("fresh", "DET_LAUNCH_FRESH", "--fresh", values.boolean, False,
+           "start over: do not resume from the run directory's newest checkpoint", switch=True),
+    Option("no_determined_compat", "DET_LAUNCH_NO_DETERMINED_COMPAT", "--no-determined-compat",
+           values.boolean, False,
+           "do not map `python3 -m determined.launch.X` in workers to ours", switch=True),
     # Read by the workers (DistributedContext); checked before they start.
     Option("dist_timeout", envvars.DIST_TIMEOUT, None,
            functools.partial(values.seconds, positive=True), None,
@@ -69,6 +81,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("dist_transport", envvars.DIST_TRANSPORT, None,
            functools.partial(values.choice, choices=("direct", "zmq")), None,
            "DistributedContext transport"),
+    Option("alert_webhook", envvars.ALERT_WEBHOOK, None, values.http_url, None,
+           "core_context.alert() also POSTs each alert to this URL"),
 )
 
 

@@ -27,6 +27,7 @@ DIST_TRANSPORT = "DET_DIST_TRANSPORT"  # "direct" (default) or "zmq"
 # Local Core API (core.init): where metrics and checkpoints go.
 RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)
 CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # shared checkpoint directory
+ALERT_WEBHOOK = "DET_ALERT_WEBHOOK"  # core_context.alert() also POSTs here (http/https URL)
 
 # Preemption plumbing between a node's launcher and its workers.
 PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested

@@ -28,7 +28,9 @@ from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
+from determined_launch.cluster.local_trial import LocalTrialOptions, complete
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
+from determined_launch.compat import worker_pythonpath
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
 
@@ -65,6 +67,10 @@ class LauncherOptions:
     requeue: bool = False
     #: Slots on this node (``--slots``/``DET_LAUNCH_SLOTS``), for the detectors.
     slots: Optional[int] = None
+    #: Map ``python3 -m determined.launch.X`` in workers to ours (``compat.py``).
+    determined_compat: bool = True
+    #: ``--hparams``, ``--config``, ``--fresh``: the local trial and resuming it.
+    local_trial: LocalTrialOptions = LocalTrialOptions()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -85,6 +91,9 @@ class LauncherOptions:
             dry_run=v["dry_run"],
             requeue=v["requeue"],
             slots=v["slots"],
+            determined_compat=not v["no_determined_compat"],
+            local_trial=LocalTrialOptions(
+                hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
             **extra,
         )
 
@@ -187,8 +196,11 @@ def job_secret(info: ClusterInfo, env: Mapping[str, str]) -> str:
     return hashlib.sha256(basis.encode()).hexdigest()
 
 
-def make_runtime(info: ClusterInfo, env: Mapping[str, str]) -> JobRuntime:
-    """Create the private job directory and decide ports and secret."""
+def make_runtime(
+    info: ClusterInfo, env: Mapping[str, str], determined_compat: bool = True
+) -> JobRuntime:
+    """Create the private job directory and decide ports, secret and the
+    workers' ``PYTHONPATH``."""
     job_dir = tempfile.mkdtemp(prefix="det-launch-")  # mode 0700, unique per job
     master, control, dist = _ports(info, env)
     runtime = JobRuntime(
@@ -198,6 +210,7 @@ def make_runtime(info: ClusterInfo, env: Mapping[str, str]) -> JobRuntime:
         dist_port=dist,
         secret=job_secret(info, env),
         python=sys.executable,
+        pythonpath=worker_pythonpath(env, determined_compat),
     )
     write_private_file(runtime.cluster_info_file, json.dumps(info.to_file_dict(), indent=2))
     return runtime
@@ -222,7 +235,8 @@ def run(
     info = detect(detection_env(options, env), force=options.detector,
                   disable=options.disabled_detectors).info
     refuse_nested_launch(info, env)
-    runtime = make_runtime(info, env)
+    info = complete(info, env, options.local_trial, say=_say)
+    runtime = make_runtime(info, env, options.determined_compat)
     try:
         plan = build(info, runtime, args)
         if options.dry_run:
@@ -236,6 +250,10 @@ def run(
         return status
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)
+
+
+def _say(message: str) -> None:
+    print(f"det-launch: {message}", file=sys.stderr, flush=True)
 
 
 def requeue_slurm_job(env: Mapping[str, str]) -> bool:

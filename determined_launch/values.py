@@ -78,3 +78,14 @@ def choice(raw: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
     return raw
+
+
+def http_url(raw: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host (webhooks). Only its
+    start is echoed in errors: such URLs usually carry a token."""
+    import urllib.parse
+
+    parsed = urllib.parse.urlsplit(raw.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"expected an http:// or https:// URL, got {raw[:12]!r}...")
+    return raw.strip()

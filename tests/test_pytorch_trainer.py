@@ -177,9 +177,13 @@ def test_invalid_hp_checkpoints_then_propagates(tmp_path: Path) -> None:
                 raise det.InvalidHP("lr too high")
             return super().train_batch(batch, epoch_idx, batch_idx)
 
-    with pytest.raises(det.InvalidHP):
+    # The controller checkpoints and re-raises; the Core API context then
+    # reports the early exit and ends the process with status 0, as Determined's does.
+    with pytest.raises(SystemExit) as e:
         run_trial(tmp_path, Bad, max_length=pytorch.Batch(10))
+    assert e.value.code == 0 and isinstance(e.value.__context__, det.InvalidHP)
     assert list(checkpoints(tmp_path)) == [3]
+    assert "EXITED_REASON_INVALID_HP" in (tmp_path / "run" / "early_exit.json").read_text()
 
 
 def test_nan_loss_warns_once_and_continues(tmp_path: Path, caplog: pytest.LogCaptureFixture

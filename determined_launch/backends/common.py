@@ -30,6 +30,8 @@ def worker_env(info: ClusterInfo, runtime: JobRuntime) -> dict[str, str]:
     }
     if runtime.secret:
         env[envvars.DIST_SECRET] = runtime.secret
+    if runtime.pythonpath is not None:
+        env["PYTHONPATH"] = runtime.pythonpath
     return env
 
 

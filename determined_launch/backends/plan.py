@@ -53,6 +53,8 @@ class JobRuntime:
     secret: Optional[str]
     #: Interpreter for ``-m`` entry points (``sys.executable`` at launch).
     python: str
+    #: The workers' ``PYTHONPATH`` (``compat.worker_pythonpath``); ``None``: inherited.
+    pythonpath: Optional[str] = None
 
     # Fixed names inside the private job directory: the directory itself is
     # unique per job, so these never collide between jobs.

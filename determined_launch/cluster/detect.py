@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
@@ -23,6 +24,7 @@ from determined_launch.cluster.file import ClusterInfoFile
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.kubernetes import KubeflowPyTorchJob, KubernetesIndexedJob
 from determined_launch.cluster.local import LocalMachine
+from determined_launch.cluster.local_trial import complete
 from determined_launch.cluster.lsf import Lsf
 from determined_launch.cluster.mpi import Mpi
 from determined_launch.cluster.pbs import Pbs
@@ -113,14 +115,27 @@ def detect(
     raise ClusterInfoError("no detector matched (the 'local' detector is disabled)")
 
 
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """One line per process: ``core.init()`` asks for the info again."""
+    if message not in _said:
+        _said.add(message)
+        print(f"det_launch: {message}", file=sys.stderr, flush=True)
+
+
 def get_cluster_info(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
     """The seed's ``det.get_cluster_info()``: this node's rendezvous info.
 
     Unlike Determined's, it never returns ``None``: off-cluster it describes
-    the local machine, so seed code that reads ``info.trial`` or
-    ``info.latest_checkpoint`` keeps working (both are ``None`` there).
+    the local machine, with the local trial and the run directory's newest
+    checkpoint when no scheduler or launcher named them (``local_trial.py``),
+    so the tutorials' ``info.trial.trial_id`` and ``info.latest_checkpoint``
+    work as on a cluster.
     """
-    return detect(env).info
+    env = os.environ if env is None else env
+    return complete(detect(env).info, env, say=_say_once)
 
 
 def explain(report: DetectionReport) -> str:

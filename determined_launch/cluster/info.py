@@ -51,6 +51,7 @@ _TOP_LEVEL_KEYS = {
     "trial",
     "latest_checkpoint",
     "job_secret",
+    "resolved",  # a launcher already decided trial and latest_checkpoint (local_trial.py)
     "source",  # informational: which detector produced a file the launcher wrote
 }
 
@@ -65,6 +66,8 @@ class TrialInfo:
     experiment_id: Optional[int] = None
     # The searcher's target length; ``core.init``'s searcher uses it when set.
     max_length: Optional[int] = None
+    # The local trial (cluster/local_trial.py): no scheduler named one.
+    local: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,8 @@ class ClusterInfo:
     source: str
     trial: Optional[TrialInfo] = None
     latest_checkpoint: Optional[str] = None
+    #: trial and latest_checkpoint are final (a launcher decided them for its workers)
+    resolved: bool = False
     # Shared secret for authenticating launcher and DistributedContext
     # traffic; never printed (see ``to_dict``).
     job_secret: Optional[str] = dataclasses.field(default=None, repr=False)
@@ -124,6 +129,7 @@ class ClusterInfo:
             "slot_ids": list(self.slot_ids),
             "latest_checkpoint": self.latest_checkpoint,
             "trial": dataclasses.asdict(self.trial) if self.trial else None,
+            "resolved": self.resolved,
         }
 
     def to_dict(self, *, include_secret: bool = False) -> dict[str, Any]:
@@ -268,6 +274,9 @@ class _Validator:
         origin = data.get("source")
         if origin is not None and not isinstance(origin, str):
             raise self.fail("source", "expected a string")
+        resolved = data.get("resolved", False)
+        if not isinstance(resolved, bool):
+            raise self.fail("resolved", "expected true or false")
         secret = data.get("job_secret")
         if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
             raise self.fail("job_secret", "expected a string of at least 16 characters")
@@ -280,6 +289,7 @@ class _Validator:
             source=origin or source,
             trial=self.trial(data.get("trial")),
             latest_checkpoint=latest,
+            resolved=resolved,
             job_secret=secret,
         )
 
@@ -302,10 +312,14 @@ class _Validator:
         max_length = data.get("max_length")
         if max_length is not None:
             max_length = self.integer(max_length, "trial.max_length", minimum=1)
+        local = data.get("local", False)
+        if not isinstance(local, bool):
+            raise self.fail("trial.local", "expected true or false")
         return TrialInfo(
             trial_id=trial_id,
             hparams=dict(hparams),
             trial_seed=seed,
             experiment_id=exp,
             max_length=max_length,
+            local=local,
         )

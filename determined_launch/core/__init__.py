@@ -1,7 +1,22 @@
 """Worker-side library: coordination, preemption and the local Core API."""
 
 from determined_launch.core._context import Context, init
-from determined_launch.core._dummy import DummyTrainContext, _dummy_init  # noqa: F401
+from determined_launch.core._dummy import (  # noqa: F401
+    DummyCheckpointContext,
+    DummyDistributedContext,
+    DummyPreemptContext,
+    DummySearcherContext,
+    DummySearcherOperation,
+    DummyTrainContext,
+    SearcherContextMissing,
+    _dummy_init,
+)
+from determined_launch.core._experimental import (
+    DummyExperimentalCoreContext,
+    ExperimentalCoreContext,
+)
+from determined_launch.core._profiler import DummyProfilerContext, ProfilerContext
+from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.distributed import DistributedContext, DistributedError
 from determined_launch.core.preempt import PreemptContext, PreemptMode
@@ -13,10 +28,21 @@ __all__ = [
     "Context",
     "DistributedContext",
     "DistributedError",
+    "DummyCheckpointContext",
+    "DummyDistributedContext",
+    "DummyExperimentalCoreContext",
+    "DummyPreemptContext",
+    "DummyProfilerContext",
+    "DummySearcherContext",
+    "DummySearcherOperation",
     "DummyTrainContext",
+    "EarlyExitReason",
+    "ExperimentalCoreContext",
     "PreemptContext",
     "PreemptMode",
+    "ProfilerContext",
     "SearcherContext",
+    "SearcherContextMissing",
     "SearcherOperation",
     "TrainContext",
     "init",

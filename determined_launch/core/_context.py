@@ -5,12 +5,20 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from determined_launch import envvars
+from determined_launch._user import InvalidHP
 from determined_launch.cluster import ClusterInfo, get_cluster_info
+from determined_launch.core._alerts import send_alert
 from determined_launch.core._dist import Collectives
+from determined_launch.core._experimental import (
+    DummyExperimentalCoreContext,
+    ExperimentalCoreContext,
+)
+from determined_launch.core._profiler import DummyProfilerContext, ProfilerContext
 from determined_launch.core._rundir import RunDir
+from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.preempt import DEFAULT_SYNC_PERIOD, PreemptContext, PreemptMode
 from determined_launch.core.searcher import SearcherContext
@@ -29,10 +37,13 @@ DEFAULT_RUNS_ROOT = "det_runs"
 
 class Context:
     """What ``core.init()`` returns: ``.distributed``, ``.preempt``, ``.train``,
-    ``.checkpoint``, ``.searcher``, and ``.info`` (this node's ``ClusterInfo``).
+    ``.checkpoint``, ``.searcher``, ``.profiler``, ``.experimental``, and
+    ``.info`` (this node's ``ClusterInfo``).
 
-    Use it as a context manager; leaving it closes the ``DistributedContext``
-    (including one you passed in), as Determined's does.
+    Use it as a context manager (or call ``start()`` and ``close()``); leaving
+    it closes the ``DistributedContext`` (including one you passed in), as
+    Determined's does. ``det.InvalidHP`` leaving the block is reported as an
+    early exit and ends the process with status 0, as in Determined.
     """
 
     def __init__(
@@ -45,6 +56,8 @@ class Context:
         searcher: SearcherContext,
         info: ClusterInfo,
         run_dir: pathlib.Path,
+        profiler: Optional[ProfilerContext] = None,
+        experimental: Optional[ExperimentalCoreContext] = None,
     ) -> None:
         self.distributed = distributed
         self.preempt = preempt
@@ -53,17 +66,36 @@ class Context:
         self.searcher = searcher
         self.info = info
         self.run_dir = run_dir
+        self.profiler = profiler or DummyProfilerContext()
+        self.experimental = experimental or DummyExperimentalCoreContext()
+
+    def start(self) -> None:
+        self.preempt.start()
 
     def __enter__(self) -> Context:
-        self.preempt.start()
+        self.start()
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, _tb: Any) -> None:
         self.close()
+        if isinstance(exc, InvalidHP):
+            self.train.report_early_exit(EarlyExitReason.INVALID_HP)
+            logger.info("InvalidHP raised: reported as an early exit; exiting with status 0")
+            raise SystemExit(0)
 
-    def close(self) -> None:
+    def close(self, *_exc_info: Any) -> None:
+        self.profiler._close()
         self.preempt.close()
         self.distributed.close()
+
+    def alert(
+        self,
+        title: Optional[str] = None,
+        description: Optional[str] = None,
+        level: Optional[Literal["warn", "info", "debug", "error"]] = "info",
+    ) -> None:
+        """A log line at ``level``; also a webhook POST when ``DET_ALERT_WEBHOOK`` is set."""
+        send_alert(self.info, title, description, level)
 
 
 def _single_process() -> Collectives:
@@ -82,12 +114,15 @@ def _directory(value: str, what: str) -> pathlib.Path:
 
 def resolve_run_dir(run_dir: Optional[str], info: ClusterInfo) -> pathlib.Path:
     """``run_dir`` argument, else ``DET_RUN_DIR``, else
-    ``./det_runs/trial-<trial_id>`` (``./det_runs/local`` without a trial)."""
+    ``./det_runs/trial-<trial_id>`` (``./det_runs/local`` for the local trial,
+    or without a trial; the launcher finds checkpoints to resume by the same
+    rule, ``cluster/local_trial.py``)."""
     if run_dir:
         return _directory(str(run_dir), "core.init(run_dir=...)")
     if os.environ.get(RUN_DIR_ENV):
         return _directory(os.environ[RUN_DIR_ENV], f"environment variable {RUN_DIR_ENV}")
-    name = f"trial-{info.trial.trial_id}" if info.trial is not None else "local"
+    trial = info.trial
+    name = "local" if trial is None or trial.local else f"trial-{trial.trial_id}"
     return pathlib.Path(DEFAULT_RUNS_ROOT, name).absolute()
 
 
@@ -135,8 +170,10 @@ def init(
         distributed = _single_process()
 
     rundir_path = resolve_run_dir(run_dir, info)
-    trial_id = info.trial.trial_id if info.trial is not None else None
-    rundir = RunDir(rundir_path, trial_id=trial_id)
+    # The local trial's records carry no id, as before it existed.
+    trial_id = info.trial.trial_id if info.trial is not None and not info.trial.local else None
+    rundir = RunDir(rundir_path, trial_id=trial_id,
+                    hparams=info.trial.hparams if info.trial is not None else None)
     storage = resolve_checkpoint_storage(checkpoint_storage, rundir_path)
     if max_length is None and info.trial is not None:
         max_length = info.trial.max_length
@@ -150,6 +187,8 @@ def init(
         searcher=SearcherContext(distributed, rundir, train, max_length),
         info=info,
         run_dir=rundir_path,
+        profiler=ProfilerContext(distributed, rundir),
+        experimental=ExperimentalCoreContext(rundir),
     )
     if distributed.rank == 0:
         logger.info("core.init: run directory %s, checkpoint storage %s", rundir_path, storage)

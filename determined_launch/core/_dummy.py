@@ -1,6 +1,7 @@
 """``core._dummy_init``: a Core API context for unit tests and tools, with no
 cluster detection and a throw-away run directory (Determined's test helpers
-build their PyTorchTrial controllers on it). Also ``_DistributedBackend``,
+build their PyTorchTrial controllers on it); the ``Dummy*`` contexts it is
+made of, with Determined's constructors. Also ``_DistributedBackend``,
 Determined's reader of the ``USE_*`` launcher variables.
 """
 
@@ -10,6 +11,7 @@ import logging
 import os
 import pathlib
 import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from determined_launch import envvars
@@ -18,8 +20,9 @@ from determined_launch.core._context import Context, _single_process
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir
 from determined_launch.core.checkpoint import CheckpointContext
+from determined_launch.core.distributed import DistributedContext
 from determined_launch.core.preempt import PreemptContext, PreemptMode
-from determined_launch.core.searcher import SearcherContext
+from determined_launch.core.searcher import SearcherContext, SearcherOperation
 from determined_launch.core.train import TrainContext
 
 logger = logging.getLogger("determined_launch.core")
@@ -52,6 +55,91 @@ class DummyTrainContext(TrainContext):
 
     def _get_last_validation(self) -> Optional[int]:
         return None
+
+
+class DummyDistributedContext(DistributedContext):
+    """One process: rank 0 of 1; collectives return at once."""
+
+    def __init__(self) -> None:
+        super().__init__(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)
+
+
+class DummyPreemptContext(PreemptContext):
+    """Watches no launcher files: only ``request_preemption()`` preempts."""
+
+    def __init__(self, dist: Collectives,
+                 preempt_mode: PreemptMode = PreemptMode.WorkersAskChief) -> None:
+        super().__init__(dist, preempt_mode)
+
+
+class _NullRunDir(RunDir):
+    """A run directory that keeps nothing (the dummy searcher's)."""
+
+    def __init__(self) -> None:
+        super().__init__(pathlib.Path(os.devnull), trial_id=None)
+
+    def append(self, stream: str, record: Mapping[str, Any]) -> None:
+        logger.debug("%s: %s", stream, dict(record))
+
+    def write_pointer(self, name: str, value: Mapping[str, Any]) -> None:
+        logger.debug("%s: %s", name, dict(value))
+
+    def read_pointer(self, name: str) -> Optional[dict[str, Any]]:
+        return None
+
+
+class DummyCheckpointContext(CheckpointContext):
+    """Checkpoints in ``storage_manager``: a directory, or an object with a
+    ``base_path`` (Determined passes a shared-file-system storage manager)."""
+
+    def __init__(self, dist: Collectives, storage_manager: Any) -> None:
+        base = getattr(storage_manager, "_base_path", None) or getattr(
+            storage_manager, "base_path", storage_manager)
+        super().__init__(dist, pathlib.Path(os.fspath(base)), _NullRunDir())
+
+
+class DummySearcherContext(SearcherContext):
+    """One operation of ``length`` (default 1); nothing is recorded."""
+
+    def __init__(self, dist: Collectives, length: int = 1) -> None:
+        nothing = _NullRunDir()
+        super().__init__(dist, nothing, DummyTrainContext(dist, nothing), length)
+
+
+class DummySearcherOperation(SearcherOperation):
+    """A stand-alone operation of ``length``; completing it only logs."""
+
+    def __init__(self, length: int, is_chief: bool) -> None:
+        self._length = length
+        self._is_chief = is_chief
+        self._completed = False
+
+    def report_progress(self, length: float) -> None:
+        if not self._is_chief:
+            raise RuntimeError("op.report_progress() may only be called on the chief")
+        logger.info("progress: %s/%s", length, self._length)
+
+    def report_completed(self, searcher_metric: Any) -> None:
+        if not self._is_chief:
+            raise RuntimeError("op.report_completed() may only be called on the chief")
+        if self._completed:
+            raise RuntimeError("op.report_completed() may only be called once per operation")
+        self._completed = True
+        logger.info("op.report_completed(length=%d, metric=%s)", self._length, searcher_metric)
+
+
+class SearcherContextMissing(SearcherContext):
+    """No searcher length was configured: ``operations()`` says how to set one."""
+
+    def __init__(self) -> None:
+        pass
+
+    def operations(self, *_args: Any, **_kwargs: Any) -> Iterator[SearcherOperation]:
+        raise ValueError(
+            "no searcher length is configured: set trial.max_length in the cluster info, pass "
+            "core.init(max_length=N), or (as Determined 0.38 recommends) set the training "
+            "length in your code and do not use core_context.searcher"
+        )
 
 
 def _dummy_init(

@@ -71,9 +71,13 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
 class RunDir:
     """Append-only JSON-lines streams plus small pointer files in one directory."""
 
-    def __init__(self, path: pathlib.Path, *, trial_id: Optional[int]) -> None:
+    def __init__(self, path: pathlib.Path, *, trial_id: Optional[int],
+                 hparams: Optional[Mapping[str, Any]] = None) -> None:
         self.path = path
         self.trial_id = trial_id
+        #: the trial's hyperparameters, recorded with each checkpoint so that a
+        #: rerun resumes only the same trial (cluster/local_trial.py)
+        self.hparams = dict(hparams) if hparams is not None else None
 
     def append(self, stream: str, record: Mapping[str, Any]) -> None:
         """Append one record with a timestamp. One ``write`` per line in

@@ -197,7 +197,9 @@ class CheckpointContext:
         os.rename(partial, self._storage / storage_id)
         _fsync_dir(self._storage)
         self._run_dir.write_pointer(
-            LATEST_POINTER, {"storage_id": storage_id, "metadata": dict(metadata)}
+            LATEST_POINTER,
+            {"storage_id": storage_id, "trial_id": self._run_dir.trial_id,
+             "hparams": self._run_dir.hparams, "metadata": dict(metadata)},
         )
         logger.info("committed checkpoint %s (metadata=%s)", storage_id, dict(metadata))
 

@@ -9,15 +9,16 @@ from typing import Any, Optional
 
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
+from determined_launch.core._train_local import LocalTrainCalls
 
 logger = logging.getLogger("determined_launch.core")
 
 _GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
 #: Streams of the run directory that are not metric groups.
-_RESERVED_GROUPS = frozenset({"progress", "searcher"})
+_RESERVED_GROUPS = frozenset({"progress", "searcher", "profiler", "task_sources"})
 
 
-class TrainContext:
+class TrainContext(LocalTrainCalls):
     """Local stand-in for Determined's ``TrainContext``.
 
     Each report is one JSON line in ``<run_dir>/<group>.jsonl`` with the

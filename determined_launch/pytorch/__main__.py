@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             latest_checkpoint=ns.latest_checkpoint,
             info_latest_checkpoint=info.latest_checkpoint,
         )
-        if ns.test and info.trial is not None:
+        if ns.test and info.trial is not None and not info.trial.local:
             raise RunnerError(
                 "--test trains one batch locally, but a trial cluster-info file is set "
                 "(Determined: test_mode is only supported in local training mode); unset "

@@ -255,9 +255,9 @@ class _MetricsMixin:
         """Best searcher metric so far: the master's answer where there is one
         (``train.get_experiment_best_validation``), else this run directory's."""
         ask = getattr(self.core_context.train, "get_experiment_best_validation", None)
-        if ask is not None:
-            best = ask()
-            return None if best is None else float(best)
+        best = ask() if ask is not None else None
+        if best is not None:  # off-cluster the Core API answers None: no master
+            return float(best)
         run_dir = getattr(self.core_context, "run_dir", None)
         if run_dir is None or self.searcher_metric_name is None:
             return None

@@ -88,7 +88,7 @@ def _resolve_seed(info: Any, seed: Optional[int], exp_conf: Optional[dict[str, A
                   dist: Any) -> int:
     """FIX-6: trial seed, else ``seed=``, else the config's experiment_seed, else
     a random one (the chief's, shared, logged and saved in checkpoints)."""
-    if info.trial is not None:
+    if info.trial is not None and not info.trial.local:  # the local trial's seed is a default
         return int(info.trial.trial_seed)
     if seed is not None:
         return int(seed)
@@ -202,7 +202,7 @@ class Trainer:
         self._context = context
         self._core = context._core
         self._info = getattr(self._core, "info", None) or get_cluster_info()
-        self._local_training = self._info.trial is None
+        self._local_training = self._info.trial is None or self._info.trial.local
         self.last_validation_metrics: Optional[dict[str, Any]] = None
         self.latest_checkpoint: Optional[str] = None
 

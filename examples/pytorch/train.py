@@ -37,9 +37,9 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
     info = det.get_cluster_info()
-    # On a Determined-style trial (a cluster-info file with "trial"), use its
-    # hyperparameters; otherwise the local defaults above.
-    hparams = dict(info.trial.hparams) if info.trial is not None else HPARAMS
+    # The trial's hyperparameters (a cluster-info file's trial, or --hparams /
+    # --config for the local trial); the defaults above when it has none.
+    hparams = dict(info.trial.hparams) if info.trial is not None and info.trial.hparams else HPARAMS
     with pytorch.init(hparams=hparams, exp_conf={"data": {"train_size": 6000}}) as context:
         trial = MNistTrial(context)
         trainer = pytorch.Trainer(trial, context)

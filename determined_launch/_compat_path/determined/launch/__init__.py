@@ -1,0 +1,1 @@
+"""``determined.launch``: the launcher entry points, mapped to determined_launch's."""

@@ -1,0 +1,223 @@
+"""A trial off-cluster, and resuming it when the same command runs again.
+
+Determined hands every trial its identity, hyperparameters and the checkpoint
+to resume from. When nothing did (no trial in the cluster info), the trial
+is *the local trial* of the run directory:
+
+* ``trial_id`` 0 (the PyTorch API's local trial), ``trial_seed`` the config's
+  ``reproducibility.experiment_seed`` or 0, ``local`` true;
+* ``hparams`` from ``--hparams JSON|FILE`` (``DET_LAUNCH_HPARAMS``), else the
+  constants of the ``hyperparameters`` block of ``--config EXP.yaml``
+  (``DET_LAUNCH_CONFIG``), else ``{}``;
+* its run directory is ``DET_RUN_DIR``, else ``./det_runs/local``, as before
+  trials existed off-cluster, so existing run directories keep working.
+
+``latest_checkpoint``, when nothing set it, is the newest checkpoint this run
+directory committed for the same trial, i.e. the same id and hyperparameters
+(``latest_checkpoint.json``, checked against the checkpoint storage), unless
+``--fresh`` (``DET_LAUNCH_FRESH``).
+Our launchers decide all this once and mark the info ``resolved`` before
+handing it to their workers, so every rank sees the same answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+from determined_launch import envvars, values
+from determined_launch.cluster.info import ClusterInfo, TrialInfo
+from determined_launch.errors import ClusterInfoError
+
+HPARAMS_ENV = "DET_LAUNCH_HPARAMS"
+CONFIG_ENV = "DET_LAUNCH_CONFIG"
+FRESH_ENV = "DET_LAUNCH_FRESH"
+LOCAL_TRIAL_ID = 0
+#: Parent of the default run directories, relative to the working directory.
+RUNS_ROOT = "det_runs"
+LOCAL_RUN_NAME = "local"
+#: Files the local Core API keeps (core/checkpoint.py writes them).
+LATEST_POINTER_FILE = "latest_checkpoint.json"
+METADATA_FILE = "metadata.json"
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what} {path}: cannot read: {getattr(e, 'strerror', None) or e}"
+                         ) from None
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError(f"{where}: reading YAML needs PyYAML: pip install "
+                         "'determined_launch[torch]' (or pip install pyyaml)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{where}: invalid YAML{at}: {getattr(e, 'problem', e)}") from None
+
+
+def parse_hparams(raw: str) -> dict[str, Any]:
+    """``--hparams``: a JSON object, or a file holding one (``.yaml``/``.yml``: YAML)."""
+    text, where = raw.strip(), "JSON"
+    if not text.startswith(("{", "[")):
+        where = f"file {text}"
+        text = _read_text(text, "file")
+        if raw.strip().endswith((".yaml", ".yml")):
+            data = _load_yaml(text, where)
+            return _object(data, where)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+                         ) from None
+    return _object(data, where)
+
+
+def _object(data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object of hyperparameters, "
+                         f"got {type(data).__name__}")
+    return data
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """``--config EXP.yaml``: Determined's experiment config, as a mapping."""
+    where = f"config {path}"
+    return _object(_load_yaml(_read_text(path, "config"), where) or {}, where)
+
+
+def config_hparams(config: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The constants of the config's ``hyperparameters`` block (a range is an
+    error: one trial needs one value; ``det-launch experiment`` searches)."""
+    # A pure, standard-library leaf (the only part of experiment/ below it may import).
+    from determined_launch.experiment.hparams import (
+        HParamError,
+        constants,
+        parse_hyperparameters,
+    )
+
+    block = config.get("hyperparameters")
+    if block is None:
+        return {}
+    try:
+        return constants(parse_hyperparameters(block))
+    except HParamError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def config_seed(config: Mapping[str, Any]) -> int:
+    repro = config.get("reproducibility")
+    seed = repro.get("experiment_seed") if isinstance(repro, Mapping) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTrialOptions:
+    """The launcher's ``--hparams``, ``--config`` and ``--fresh`` (or their variables)."""
+
+    hparams: Optional[str] = None
+    config: Optional[str] = None
+    fresh: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LocalTrialOptions:
+        fresh_raw = env.get(FRESH_ENV, "").strip()
+        try:
+            fresh = values.boolean(fresh_raw) if fresh_raw else False
+        except ValueError as e:
+            raise ClusterInfoError(f"environment variable {FRESH_ENV}: {e}") from None
+        return cls(hparams=env.get(HPARAMS_ENV) or None, config=env.get(CONFIG_ENV) or None,
+                   fresh=fresh)
+
+
+def local_trial(opts: LocalTrialOptions) -> TrialInfo:
+    hparams: dict[str, Any] = {}
+    seed = 0
+    config: dict[str, Any] = {}
+    if opts.config:
+        try:
+            config = read_config(opts.config)
+        except ValueError as e:
+            raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
+        seed = config_seed(config)
+    try:
+        if opts.hparams:
+            hparams = parse_hparams(opts.hparams)
+        elif opts.config:
+            hparams = config_hparams(config, f"config {opts.config}")
+    except ValueError as e:
+        which = f"--hparams / {HPARAMS_ENV}" if opts.hparams else f"--config / {CONFIG_ENV}"
+        raise ClusterInfoError(f"{which}: {e}") from None
+    return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed, local=True)
+
+
+def run_dir_for(trial: TrialInfo, env: Mapping[str, str]) -> pathlib.Path:
+    """``DET_RUN_DIR``, else ``./det_runs/local`` for the local trial and
+    ``./det_runs/trial-<id>`` for a trial the scheduler or a file named."""
+    if env.get(envvars.RUN_DIR):
+        return pathlib.Path(env[envvars.RUN_DIR]).expanduser().absolute()
+    name = LOCAL_RUN_NAME if trial.local else f"trial-{trial.trial_id}"
+    return pathlib.Path(RUNS_ROOT, name).absolute()
+
+
+def latest_committed(run_dir: pathlib.Path, env: Mapping[str, str],
+                     trial: TrialInfo) -> Optional[str]:
+    """The run directory's newest committed checkpoint of ``trial``, if any."""
+    try:
+        with open(run_dir / LATEST_POINTER_FILE, encoding="utf-8") as f:
+            pointer = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(pointer, dict) or not isinstance(pointer.get("storage_id"), str):
+        return None
+    # Same trial: same id and same hyperparameters (pointers written before
+    # either was recorded match any trial).
+    recorded = pointer.get("trial_id", "absent")
+    if recorded not in ("absent", None if trial.local else trial.trial_id):
+        return None
+    recorded_hparams = pointer.get("hparams")
+    if recorded_hparams is not None and recorded_hparams != json.loads(
+            json.dumps(dict(trial.hparams), default=str)):
+        return None
+    storage_id: str = pointer["storage_id"]
+    storage = env.get(envvars.CHECKPOINT_STORAGE) or str(run_dir.parent / "checkpoints")
+    if "://" in storage:  # object storage: the pointer is written only after the commit
+        return storage_id
+    path = pathlib.Path(storage).expanduser().absolute() / storage_id
+    return storage_id if (path / METADATA_FILE).is_file() else None
+
+
+def complete(
+    info: ClusterInfo,
+    env: Mapping[str, str],
+    opts: Optional[LocalTrialOptions] = None,
+    say: Optional[Callable[[str], None]] = None,
+) -> ClusterInfo:
+    """``info`` with a trial and a resume point (see the module doc), marked resolved.
+
+    Determined's own info (source ``determined``) and info a launcher already
+    resolved are returned as they are.
+    """
+    if info.resolved or info.source == "determined":
+        return info
+    opts = opts if opts is not None else LocalTrialOptions.from_env(env)
+    trial = info.trial if info.trial is not None else local_trial(opts)
+    latest = info.latest_checkpoint
+    if latest is None and not opts.fresh:
+        run_dir = run_dir_for(trial, env)
+        latest = latest_committed(run_dir, env, trial)
+        if latest is not None and say is not None:
+            say(f"resuming trial {trial.trial_id} from checkpoint {latest}, the newest in "
+                f"{run_dir} (--fresh / {FRESH_ENV}=1 starts over)")
+    return dataclasses.replace(info, trial=trial, latest_checkpoint=latest, resolved=True)
