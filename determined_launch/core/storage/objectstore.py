@@ -44,13 +44,15 @@ def make_filesystem(spec: StorageSpec) -> Any:
     if spec.protocol == "s3":
         # Our transfer layer retries with backoff; keep the library's own
         # retries short so the total stays bounded and a dead server fails fast.
-        options.setdefault("retries", 2)
         options.setdefault("use_listings_cache", False)
         options.setdefault("config_kwargs", {
             "retries": {"max_attempts": 2, "mode": "standard"},
             "connect_timeout": 10, "read_timeout": 60,
         })
-    return fsspec.filesystem(spec.protocol, skip_instance_cache=True, **options)
+    fs = fsspec.filesystem(spec.protocol, skip_instance_cache=True, **options)
+    if spec.protocol == "s3":
+        fs.retries = 2  # s3fs's own retry loop (a class attribute, not an argument)
+    return fs
 
 
 class ObjectStorage:
