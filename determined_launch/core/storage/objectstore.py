@@ -62,7 +62,10 @@ class ObjectStorage:
         self.spec = spec
         self.url = spec.url
         self.fs = fs if fs is not None else make_filesystem(spec)
-        self.base = self.fs._strip_protocol(spec.url).rstrip("/")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        # An injected filesystem of another protocol (tests: gs:// on memory) takes the bare root.
+        location = spec.url if spec.protocol in protocols else spec.root
+        self.base = self.fs._strip_protocol(location).rstrip("/")
         self._staging: dict[str, pathlib.Path] = {}
 
     def _path(self, storage_id: str, rel: str = "") -> str:
