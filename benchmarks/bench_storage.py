@@ -68,8 +68,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import boto3
-    import s3fs
-    from boto3.s3.transfer import TransferConfig
 
     from tests.conftest import free_port_block
 
@@ -92,26 +90,11 @@ def main() -> None:
                     shutil.rmtree(dst, ignore_errors=True)
                     prefix = f"{tool}-{count}-{rep}"
                     if tool == "ours":
-                        spec = parse_storage({"type": "s3", "bucket": "bench", "prefix": prefix,
-                                              "endpoint_url": endpoint, "access_key": "testing",
-                                              "secret_key": "testing"}, where="bench")
-                        backend = open_storage(spec)
-                        backend.list_ids()  # warm: the client is built outside the timing
-                        ctx = CheckpointContext(_single_process(), backend,
-                                                RunDir(work / "run", trial_id=None))
-                        sid: list[str] = []
-                        up = timed(lambda: sid.append(ctx.upload(src, {})))
-                        down = timed(lambda: ctx.download(sid[0], dst))
+                        up, down = ours_round_trip(endpoint, work, src, dst, prefix)
                     elif tool == "s3fs":
-                        fs = s3fs.S3FileSystem(key="testing", secret="testing",
-                                               endpoint_url=endpoint, skip_instance_cache=True)
-                        fs.ls("bench")  # warm, as for ours
-                        up = timed(lambda: fs.put(str(src) + "/", f"bench/{prefix}/",
-                                                  recursive=True))
-                        down = timed(lambda: fs.get(f"bench/{prefix}/", str(dst) + "/",
-                                                    recursive=True))
+                        up, down = s3fs_round_trip(endpoint, src, dst, prefix)
                     else:
-                        up, down = boto3_round_trip(client, TransferConfig(), src, dst, prefix)
+                        up, down = boto3_round_trip(client, src, dst, prefix)
                     results.setdefault((layout, "upload", tool), []).append(up)
                     results.setdefault((layout, "download", tool), []).append(down)
                     got = sum(p.stat().st_size for p in dst.rglob("*.bin"))
@@ -135,9 +118,35 @@ def empty_prefix(client: Any, prefix: str) -> None:
             client.delete_objects(Bucket="bench", Delete={"Objects": keys})
 
 
-def boto3_round_trip(client: Any, config: Any, src: pathlib.Path, dst: pathlib.Path,
+def ours_round_trip(endpoint: str, work: pathlib.Path, src: pathlib.Path, dst: pathlib.Path,
+                    prefix: str) -> tuple[float, float]:
+    spec = parse_storage({"type": "s3", "bucket": "bench", "prefix": prefix,
+                          "endpoint_url": endpoint, "access_key": "testing",
+                          "secret_key": "testing"}, where="bench")
+    backend = open_storage(spec)
+    backend.list_ids()  # warm: the client is built outside the timing
+    ctx = CheckpointContext(_single_process(), backend, RunDir(work / "run", trial_id=None))
+    sid: list[str] = []
+    up = timed(lambda: sid.append(ctx.upload(src, {})))
+    return up, timed(lambda: ctx.download(sid[0], dst))
+
+
+def s3fs_round_trip(endpoint: str, src: pathlib.Path, dst: pathlib.Path,
+                    prefix: str) -> tuple[float, float]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint,
+                           skip_instance_cache=True)
+    fs.ls("bench")  # warm, as for ours
+    up = timed(lambda: fs.put(str(src) + "/", f"bench/{prefix}/", recursive=True))
+    return up, timed(lambda: fs.get(f"bench/{prefix}/", str(dst) + "/", recursive=True))
+
+
+def boto3_round_trip(client: Any, src: pathlib.Path, dst: pathlib.Path,
                      prefix: str) -> tuple[float, float]:
-    from boto3.s3.transfer import create_transfer_manager
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    config = TransferConfig()
 
     files = sorted(p for p in src.iterdir())
 
