@@ -23,6 +23,7 @@ from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.storage import (
     METADATA_FILE,
     StorageBackend,
+    StorageConfigError,
     StorageSpec,
     open_storage,
     parse_storage,
@@ -199,3 +200,17 @@ def test_non_chief_upload_names_upload(tmp_path: pathlib.Path) -> None:
     message = run_ranks(2, rank_main)[1]
     assert "checkpoint.upload(shard=False) may only be called on the chief" in message
     assert "store_path" not in message
+
+
+def test_azure_wrong_credentials_are_one_line(azurite: Azurite) -> None:  # noqa: F811
+    from tests.storage_servers import AZURITE_KEY
+
+    container = azurite.new_container()
+    wrong = azurite.connection_string.replace(AZURITE_KEY, "A" * 86 + "==")
+    for conn, message in [(wrong, "access denied"),
+                          ("garbage", "cannot set up the storage client")]:
+        block = {"type": "azure", "container": container, "connection_string": conn}
+        with pytest.raises(StorageConfigError) as e:
+            open_storage(parse_storage(block, where="t"), probe=True)
+        assert message in str(e.value) and "\n" not in str(e.value)
+        assert AZURITE_KEY not in str(e.value) and conn not in str(e.value)

@@ -61,7 +61,12 @@ class ObjectStorage:
     def __init__(self, spec: StorageSpec, fs: Any = None) -> None:
         self.spec = spec
         self.url = spec.url
-        self.fs = fs if fs is not None else make_filesystem(spec)
+        try:
+            self.fs = fs if fs is not None else make_filesystem(spec)
+        except (ValueError, TypeError, KeyError) as e:  # malformed options or credentials
+            raise StorageConfigError(
+                f"checkpoint storage {spec.url}: cannot set up the storage client "
+                f"(check the checkpoint_storage block's credentials): {_line(e)}") from None
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         # An injected filesystem of another protocol (tests: gs:// on memory) takes the bare root.
         location = spec.url if spec.protocol in protocols else spec.root
@@ -93,15 +98,15 @@ class ObjectStorage:
             raise StorageConfigError(
                 f"checkpoint storage {self.url}: checkpoint_storage.{field} {bucket!r} "
                 "does not exist") from None
-        except PermissionError as e:
+        except Exception as e:
+            if not _is_auth_error(e):
+                raise StorageConfigError(
+                    f"checkpoint storage {self.url}: cannot reach storage: "
+                    f"{type(e).__name__}: {_line(e)}") from None
             raise StorageConfigError(
                 f"checkpoint storage {self.url}: access denied ({_line(e)}); check the "
                 "credentials (checkpoint_storage access_key/secret_key, connection_string, "
                 "or the environment)") from None
-        except Exception as e:  # unreachable endpoint, malformed credentials
-            raise StorageConfigError(
-                f"checkpoint storage {self.url}: cannot reach storage: "
-                f"{type(e).__name__}: {_line(e)}") from None
 
     # --- writing -------------------------------------------------------------
 
@@ -240,6 +245,19 @@ class ObjectStorage:
     def put_extra(self, name: str, local: pathlib.Path) -> None:
         target = f"{self.base}/{name}"
         transfer.with_retries(lambda: self.fs.put_file(str(local), target), f"uploading {target}")
+
+
+_AUTH_WORDS = ("authenticat", "accessdenied", "access denied", "forbidden", "signature",
+               "invalidaccesskeyid", "credential")
+
+
+def _is_auth_error(e: BaseException) -> bool:
+    """Refused credentials, whatever the library calls them (PermissionError
+    from s3fs, HttpResponseError 403 from Azure, ...)."""
+    if isinstance(e, PermissionError) or getattr(e, "status_code", None) in (401, 403):
+        return True
+    text = f"{type(e).__name__} {e}".lower()
+    return any(word in text for word in _AUTH_WORDS)
 
 
 def _line(e: BaseException) -> str:
