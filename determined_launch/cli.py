@@ -5,6 +5,7 @@
     det-launch [LAUNCHER OPTIONS] deepspeed [DS_ARGS... --] SCRIPT...
     det-launch [LAUNCHER OPTIONS] exec -- CMD...      (CMD once per node)
     det-launch [--detector D] info
+    det-launch checkpoints {list,gc} STORAGE [--remove]   (see storage_cli.py)
 
 Launcher options come before the subcommand so they can never be confused
 with the backend's own flags that follow it.
@@ -98,6 +99,10 @@ def _keep_separator(argv: Sequence[str], ns: argparse.Namespace) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["checkpoints"]:
+        from determined_launch import storage_cli
+
+        return storage_cli.main(argv[1:])
     parser = _parser()
     try:
         ns = parser.parse_args(argv)

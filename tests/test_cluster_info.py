@@ -128,3 +128,19 @@ def test_file_round_trip_keeps_source() -> None:
     again = ClusterInfo.from_mapping(info.to_file_dict(), source="file", where="test")
     assert again == info
     assert "job_secret" not in info.to_file_dict()
+
+
+def test_checkpoint_storage_field_string_or_block_and_secrets_hidden() -> None:
+    base = {"container_addrs": ["127.0.0.1"], "container_rank": 0, "container_slot_counts": [1]}
+    info = ClusterInfo.from_mapping({**base, "checkpoint_storage": "s3://b/p"},
+                                    source="file", where="f.json")
+    assert info.checkpoint_storage == "s3://b/p"
+    block = {"type": "s3", "bucket": "b", "secret_key": "hunter2", "access_key": "AK"}
+    info = ClusterInfo.from_mapping({**base, "checkpoint_storage": block},
+                                    source="file", where="f.json")
+    assert info.to_file_dict()["checkpoint_storage"] == block  # workers get it whole
+    shown = info.to_dict()["checkpoint_storage"]
+    assert shown["secret_key"] == "<set>" and shown["bucket"] == "b"
+    assert "hunter2" not in repr(info) and "hunter2" not in str(info.to_dict())
+    with pytest.raises(ClusterInfoError, match="f.json: field 'checkpoint_storage': expected"):
+        ClusterInfo.from_mapping({**base, "checkpoint_storage": 3}, source="file", where="f.json")

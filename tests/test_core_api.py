@@ -327,8 +327,10 @@ def test_default_directories(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyP
 
 
 def test_init_errors(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(LaunchError, match="unsupported scheme 'ftp'"):
+        core.init(distributed=solo(), info=make_info(), checkpoint_storage="ftp://bucket/x")
     with pytest.raises(LaunchError, match="only directories"):
-        core.init(distributed=solo(), info=make_info(), checkpoint_storage="s3://bucket/x")
+        core.init(distributed=solo(), info=make_info(), run_dir="s3://bucket/x")
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(LaunchError, match="WORLD_SIZE=4.*DistributedContext"):
         core.init(info=make_info(), run_dir=str(tmp_path))

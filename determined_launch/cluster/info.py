@@ -52,8 +52,12 @@ _TOP_LEVEL_KEYS = {
     "latest_checkpoint",
     "job_secret",
     "resolved",  # a launcher already decided trial and latest_checkpoint (local_trial.py)
+    "checkpoint_storage",
     "source",  # informational: which detector produced a file the launcher wrote
 }
+
+
+_SECRET_STORAGE_KEYS = {"access_key", "secret_key", "connection_string", "credential"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,9 @@ class ClusterInfo:
     # Shared secret for authenticating launcher and DistributedContext
     # traffic; never printed (see ``to_dict``).
     job_secret: Optional[str] = dataclasses.field(default=None, repr=False)
+    # A directory, a URL or a Determined storage block (core.init parses it);
+    # hidden from repr: a block may carry credentials.
+    checkpoint_storage: Optional[Any] = dataclasses.field(default=None, repr=False)
 
     @property
     def chief_ip(self) -> str:
@@ -130,12 +137,20 @@ class ClusterInfo:
             "latest_checkpoint": self.latest_checkpoint,
             "trial": dataclasses.asdict(self.trial) if self.trial else None,
             "resolved": self.resolved,
+            **({"checkpoint_storage": self.checkpoint_storage}
+               if self.checkpoint_storage is not None else {}),
         }
 
     def to_dict(self, *, include_secret: bool = False) -> dict[str, Any]:
         """JSON-ready form, in the cluster-info file schema plus derived fields."""
         out = self.to_file_dict()
         out.update(chief_ip=self.chief_ip, num_nodes=self.num_nodes)
+        if isinstance(self.checkpoint_storage, Mapping):
+            # Printed by `det-launch info`: never show credentials.
+            out["checkpoint_storage"] = {
+                k: ("<set>" if k in _SECRET_STORAGE_KEYS and v else v)
+                for k, v in self.checkpoint_storage.items()
+            }
         if include_secret:
             out["job_secret"] = self.job_secret
         else:
@@ -277,6 +292,12 @@ class _Validator:
         resolved = data.get("resolved", False)
         if not isinstance(resolved, bool):
             raise self.fail("resolved", "expected true or false")
+        storage = data.get("checkpoint_storage")
+        if storage is not None and not (
+            (isinstance(storage, str) and storage.strip()) or isinstance(storage, Mapping)
+        ):
+            raise self.fail("checkpoint_storage",
+                            "expected a directory, a URL or a storage block (an object)")
         secret = data.get("job_secret")
         if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
             raise self.fail("job_secret", "expected a string of at least 16 characters")
@@ -291,6 +312,7 @@ class _Validator:
             latest_checkpoint=latest,
             resolved=resolved,
             job_secret=secret,
+            checkpoint_storage=dict(storage) if isinstance(storage, Mapping) else storage,
         )
 
     def trial(self, data: Any) -> Optional[TrialInfo]:

@@ -17,10 +17,11 @@ from determined_launch.core._experimental import (
 )
 from determined_launch.core._profiler import DummyProfilerContext, ProfilerContext
 from determined_launch.core._train_local import EarlyExitReason
-from determined_launch.core.checkpoint import CheckpointContext
+from determined_launch.core.checkpoint import CheckpointContext, DownloadMode
 from determined_launch.core.distributed import DistributedContext, DistributedError
 from determined_launch.core.preempt import PreemptContext, PreemptMode
 from determined_launch.core.searcher import SearcherContext, SearcherOperation
+from determined_launch.core.tensorboard import TensorboardMode
 from determined_launch.core.train import TrainContext
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Context",
     "DistributedContext",
     "DistributedError",
+    "DownloadMode",
     "DummyCheckpointContext",
     "DummyDistributedContext",
     "DummyExperimentalCoreContext",
@@ -44,6 +46,7 @@ __all__ = [
     "SearcherContext",
     "SearcherContextMissing",
     "SearcherOperation",
+    "TensorboardMode",
     "TrainContext",
     "init",
 ]

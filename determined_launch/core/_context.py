@@ -19,9 +19,12 @@ from determined_launch.core._experimental import (
 from determined_launch.core._profiler import DummyProfilerContext, ProfilerContext
 from determined_launch.core._rundir import RunDir
 from determined_launch.core._train_local import EarlyExitReason
+from determined_launch.core._storage_setup import build_storage
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.preempt import DEFAULT_SYNC_PERIOD, PreemptContext, PreemptMode
 from determined_launch.core.searcher import SearcherContext
+from determined_launch.core.storage import StorageSpec, parse_storage
+from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
 from determined_launch.core.train import TrainContext
 from determined_launch.errors import LaunchError
 
@@ -58,6 +61,7 @@ class Context:
         run_dir: pathlib.Path,
         profiler: Optional[ProfilerContext] = None,
         experimental: Optional[ExperimentalCoreContext] = None,
+        tensorboard: Optional[TensorboardManager] = None,
     ) -> None:
         self.distributed = distributed
         self.preempt = preempt
@@ -68,6 +72,7 @@ class Context:
         self.run_dir = run_dir
         self.profiler = profiler or DummyProfilerContext()
         self.experimental = experimental or DummyExperimentalCoreContext()
+        self._tensorboard = tensorboard
 
     def start(self) -> None:
         self.preempt.start()
@@ -85,6 +90,8 @@ class Context:
 
     def close(self, *_exc_info: Any) -> None:
         self.profiler._close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         self.preempt.close()
         self.distributed.close()
 
@@ -126,35 +133,44 @@ def resolve_run_dir(run_dir: Optional[str], info: ClusterInfo) -> pathlib.Path:
     return pathlib.Path(DEFAULT_RUNS_ROOT, name).absolute()
 
 
-def resolve_checkpoint_storage(storage: Optional[str], run_dir: pathlib.Path) -> pathlib.Path:
+def resolve_checkpoint_storage(
+    storage: Any, run_dir: pathlib.Path, info: Optional[ClusterInfo] = None
+) -> StorageSpec:
     """``checkpoint_storage`` argument, else ``DET_CHECKPOINT_STORAGE``, else
-    ``checkpoints/`` beside the run directory, so that the trials of one
-    experiment share storage and one trial's storage id restores in another."""
+    the cluster info's ``checkpoint_storage``, else ``checkpoints/`` beside
+    the run directory, so that the trials of one experiment share storage
+    and one trial's storage id restores in another. Any form
+    ``storage.parse_storage`` accepts: a directory, a URL, a storage block."""
     if storage:
-        return _directory(str(storage), "core.init(checkpoint_storage=...)")
+        return parse_storage(storage, where="core.init(checkpoint_storage=...)")
     if os.environ.get(CHECKPOINT_STORAGE_ENV):
-        return _directory(
-            os.environ[CHECKPOINT_STORAGE_ENV], f"environment variable {CHECKPOINT_STORAGE_ENV}"
-        )
-    return run_dir.parent / "checkpoints"
+        return parse_storage(os.environ[CHECKPOINT_STORAGE_ENV],
+                             where=f"environment variable {CHECKPOINT_STORAGE_ENV}")
+    from_info = getattr(info, "checkpoint_storage", None)
+    if from_info:
+        return parse_storage(from_info, where="cluster info field 'checkpoint_storage'")
+    return parse_storage(str(run_dir.parent / "checkpoints"), where="default checkpoint storage")
 
 
 def init(
     *,
     distributed: Optional[Collectives] = None,
-    checkpoint_storage: Optional[str] = None,
+    checkpoint_storage: Any = None,
     preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
     run_dir: Optional[str] = None,
     max_length: Optional[int] = None,
     info: Optional[ClusterInfo] = None,
     preempt_sync_period: float = DEFAULT_SYNC_PERIOD,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
 ) -> Context:
     """Build the Core API context. Use as ``with core.init() as core_context:``.
 
     ``distributed``: required when more than one worker runs (for example
     ``DistributedContext.from_torch_distributed()``); ``None`` means a single
-    process. ``checkpoint_storage`` and ``run_dir``: directories, see
-    ``resolve_checkpoint_storage`` and ``resolve_run_dir``. ``max_length``:
+    process. ``checkpoint_storage``: a directory, a URL (``s3://``, ``gs://``,
+    ``az://``) or a Determined storage block, see ``resolve_checkpoint_storage``.
+    ``run_dir``: a directory, see ``resolve_run_dir``. ``tensorboard_mode``:
+    see ``TensorboardMode``. ``max_length``:
     the searcher's length, overriding ``info.trial.max_length``. ``info``:
     defaults to ``det.get_cluster_info()``. ``preempt_sync_period``: see
     ``PreemptContext``.
@@ -174,22 +190,25 @@ def init(
     trial_id = info.trial.trial_id if info.trial is not None and not info.trial.local else None
     rundir = RunDir(rundir_path, trial_id=trial_id,
                     hparams=info.trial.hparams if info.trial is not None else None)
-    storage = resolve_checkpoint_storage(checkpoint_storage, rundir_path)
+    spec = resolve_checkpoint_storage(checkpoint_storage, rundir_path, info)
+    storage = build_storage(spec, distributed, rundir, tensorboard_mode)
     if max_length is None and info.trial is not None:
         max_length = info.trial.max_length
 
-    train = TrainContext(distributed, rundir)
+    train = TrainContext(distributed, rundir, storage.tensorboard)
     context = Context(
         distributed=distributed,
         preempt=PreemptContext.from_env(distributed, preempt_mode, sync_period=preempt_sync_period),
         train=train,
-        checkpoint=CheckpointContext(distributed, storage, rundir),
+        checkpoint=CheckpointContext(distributed, storage.backend, rundir,
+                                     after_commit=storage.after_commit),
         searcher=SearcherContext(distributed, rundir, train, max_length),
         info=info,
         run_dir=rundir_path,
         profiler=ProfilerContext(distributed, rundir),
         experimental=ExperimentalCoreContext(rundir),
+        tensorboard=storage.tensorboard,
     )
     if distributed.rank == 0:
-        logger.info("core.init: run directory %s, checkpoint storage %s", rundir_path, storage)
+        logger.info("core.init: run directory %s, checkpoint storage %s", rundir_path, spec.url)
     return context

@@ -1,86 +1,97 @@
-"""``core_context.checkpoint``: checkpoints in a shared directory, committed atomically.
+"""``core_context.checkpoint``: checkpoints in any storage, committed atomically.
 
-Layout of the storage directory::
+This module handles ranks and metadata; the storage backend
+(``core/storage/``) moves files and owns the commit: a rename on file
+systems, ``metadata.json`` written last on object stores. Either way a
+checkpoint is visible (listed, restorable, ``latest()``) only once committed.
 
-    <storage>/<storage_id>/            a committed checkpoint: your files + metadata.json
-    <storage>/.partial-<storage_id>/   a checkpoint being written (or abandoned by a crash)
-
-A checkpoint is written into its ``.partial-`` directory and becomes visible
-under its storage id only by one ``rename`` once every writer has finished
-and ``metadata.json`` is in place. A crash at any earlier point leaves only
-a ``.partial-`` directory, which ``restore_path``, ``get_metadata`` and
-``latest`` never return. The storage directory must be shared by every node
-whose ranks write shards or restore (a network file system); only the chief
-writes in the default, unsharded mode.
+The run directory's ``latest_checkpoint.json`` names the newest checkpoint
+this run committed. It is written twice around each commit: first with the
+new id as ``pending`` (beside the previous committed ``storage_id``), then
+with the new id as ``storage_id``, so a run killed at any moment resumes
+from the newest checkpoint that really was committed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import enum
 import logging
 import os
 import pathlib
-import re
-import shutil
+import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
+from determined_launch.core import _ckpt_shard as shard_logic
 from determined_launch.core._dist import Collectives
-from determined_launch.core._rundir import RunDir, dumps, require_chief, write_atomically
+from determined_launch.core._rundir import RunDir, require_chief
+from determined_launch.core.storage.base import (
+    METADATA_FILE,
+    PARTIAL_PREFIX,
+    StorageBackend,
+    check_storage_id,
+    list_local,
+)
+from determined_launch.core.storage.directory import DirectoryStorage
 
 logger = logging.getLogger("determined_launch.core")
 
-METADATA_FILE = "metadata.json"
-PARTIAL_PREFIX = ".partial-"
+__all__ = ["METADATA_FILE", "PARTIAL_PREFIX", "CheckpointContext", "DownloadMode",
+           "merge_metadata"]
+
 #: Run-directory pointer to the newest checkpoint this run committed.
 LATEST_POINTER = "latest_checkpoint"
-
-_STORAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-class CheckpointConflictError(ValueError):
-    """Sharded ranks gave different values for the same metadata key."""
+CheckpointConflictError = shard_logic.CheckpointConflictError
+merge_metadata = shard_logic.merge_metadata
 
 
-def merge_metadata(all_metadata: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Union of every rank's metadata; nested dicts merge key by key.
+class DownloadMode(enum.Enum):
+    """How ``download()`` and ``restore_path()`` coordinate (Determined's names).
 
-    Equal values under one key are fine (every rank may report
-    ``steps_completed``); different ones raise ``CheckpointConflictError``
-    naming the key, because silently picking one would lose information.
+    ``LocalWorkersShareDownload`` (default): on object storage, every worker
+    calls in step and one worker per node downloads. ``NoSharedDownload``: no
+    coordination; each caller downloads what it asks for. A directory storage
+    downloads nothing for ``restore_path`` in either mode.
     """
 
-    def merge(into: dict[str, Any], new: Mapping[str, Any], where: str) -> None:
-        for key, value in new.items():
-            if key not in into:
-                into[key] = value
-            elif isinstance(into[key], dict) and isinstance(value, Mapping):
-                merge(into[key], value, f"{where}{key}.")
-            elif into[key] != value:
-                raise CheckpointConflictError(
-                    f"sharded checkpoint metadata conflict at {where}{key!s}: "
-                    f"{into[key]!r} != {value!r}"
-                )
-
-    out: dict[str, Any] = {}
-    for md in all_metadata:
-        merge(out, json.loads(dumps(dict(md))), "")
-    return out
+    LocalWorkersShareDownload = "LOCAL_WORKERS_SHARE_DOWNLOAD"
+    NoSharedDownload = "NO_SHARED_DOWNLOAD"
 
 
 class CheckpointContext:
-    """Local stand-in for Determined's ``CheckpointContext`` on a shared directory."""
+    """Local stand-in for Determined's ``CheckpointContext``, on any storage backend."""
 
-    def __init__(self, dist: Collectives, storage: pathlib.Path, run_dir: RunDir) -> None:
+    def __init__(
+        self,
+        dist: Collectives,
+        storage: StorageBackend | pathlib.Path,
+        run_dir: RunDir,
+        *,
+        after_commit: Optional[Callable[[str, Mapping[str, Any]], None]] = None,
+    ) -> None:
         self._dist = dist
-        self._storage = storage
+        self._backend: StorageBackend = (
+            DirectoryStorage(storage) if isinstance(storage, pathlib.Path) else storage
+        )
         self._run_dir = run_dir
+        #: Called on the chief after each commit (retention, TensorBoard sync).
+        self._after_commit = after_commit
 
     @property
-    def storage_dir(self) -> pathlib.Path:
-        return self._storage
+    def storage_dir(self) -> Optional[pathlib.Path]:
+        """The storage directory, or ``None`` for object storage (see ``storage_url``)."""
+        backend = self._backend
+        return backend.root if isinstance(backend, DirectoryStorage) else None
+
+    @property
+    def storage_url(self) -> str:
+        return self._backend.url
+
+    @property
+    def backend(self) -> StorageBackend:
+        return self._backend
 
     # --- writing -----------------------------------------------------------
 
@@ -96,189 +107,267 @@ class CheckpointContext:
         ``shard=False`` (default): only the chief may call it.
 
         ``shard=True``: every rank must call it (it is a synchronization
-        point). All ranks get the same ``path``, each writes its own files
-        (give them rank-specific names), and the chief commits after every
-        rank has left the block. Metadata from all ranks is merged. If any
-        rank's block raised, no rank commits: that rank re-raises its error
-        and the others raise ``RuntimeError``.
+        point). Each rank writes its own files (give them rank-specific
+        names): on a shared directory all ranks get the same ``path``; on
+        object storage each rank gets a local directory that is uploaded
+        when the block exits. The chief commits after every rank's files
+        are stored. Metadata from all ranks is merged. If any rank's block
+        raised, no rank commits: that rank re-raises its error and the
+        others raise ``RuntimeError``.
         """
         if shard:
             return self._store_sharded(metadata)
-        return self._store_single(metadata)
+        return self._store_single(metadata, "checkpoint.store_path(shard=False)")
 
     @contextlib.contextmanager
     def _store_single(
-        self, metadata: Optional[Mapping[str, Any]]
+        self, metadata: Optional[Mapping[str, Any]], what: str
     ) -> Iterator[tuple[pathlib.Path, str]]:
-        require_chief(self._dist, "checkpoint.store_path(shard=False)")
+        require_chief(self._dist, what)
         metadata = merge_metadata([metadata or {}])  # fail early on unserializable metadata
-        storage_id, partial = self._begin()
+        storage_id = str(uuid.uuid4())
+        staging = self._backend.begin(storage_id)
         try:
-            yield partial, storage_id
-            self._commit(storage_id, partial, metadata)
+            yield staging, storage_id
+            files = _user_files(staging)
+            self._backend.put(storage_id, staging, files)
+            self._commit(storage_id, metadata, files)
         except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            self._backend.abort(storage_id)
             raise
+        finally:
+            self._backend.release(storage_id, staging)
+
+    def _begin_sharded(self) -> tuple[str, pathlib.Path, Optional[BaseException]]:
+        """Every rank: the shared storage id, this rank's staging directory,
+        and an error if this rank cannot see the chief's shared directory."""
+        if self._dist.rank == 0:
+            storage_id = str(uuid.uuid4())
+            staging = self._backend.begin(storage_id)
+            self._dist.broadcast(storage_id)
+        else:
+            storage_id = str(self._dist.broadcast(None))
+            staging = (self._backend.staging_dir(storage_id) if self._backend.shared_staging
+                       else self._backend.begin(storage_id))
+        error: Optional[BaseException] = None
+        if not staging.is_dir():
+            error = RuntimeError(
+                f"checkpoint storage {self._backend.url} is not shared with the chief: "
+                f"{staging} does not exist on rank {self._dist.rank}"
+            )
+        return storage_id, staging, error
 
     @contextlib.contextmanager
     def _store_sharded(
         self, metadata: Optional[Mapping[str, Any]]
     ) -> Iterator[tuple[pathlib.Path, str]]:
-        if self._dist.rank == 0:
-            storage_id, partial = self._begin()
-            self._dist.broadcast(storage_id)
-        else:
-            storage_id = str(self._dist.broadcast(None))
-            partial = self._partial_dir(storage_id)
-
-        error: Optional[BaseException] = None
-        if not partial.is_dir():
-            error = RuntimeError(
-                f"checkpoint storage {self._storage} is not shared with the chief: "
-                f"{partial} does not exist on rank {self._dist.rank}"
-            )
-        else:
+        storage_id, staging, error = self._begin_sharded()
+        if error is None:
             try:
-                yield partial, storage_id
+                yield staging, storage_id
             except BaseException as e:
                 error = e
+        # On a shared directory every rank wrote into the same place: the
+        # files are already stored and only the chief's commit remains.
+        files = {} if self._backend.shared_staging or error else _user_files(staging)
+        try:
+            self._finish_sharded(storage_id, staging, files, metadata, error)
+        finally:
+            self._backend.release(storage_id, staging)
 
-        # Every rank reaches this point, even one whose block raised, so no
-        # rank is left waiting in a collective.
+    def _finish_sharded(
+        self,
+        storage_id: str,
+        src: Optional[pathlib.Path],
+        files: Mapping[str, int],
+        metadata: Optional[Mapping[str, Any]],
+        error: Optional[BaseException],
+    ) -> None:
+        """Every rank: agree, upload this rank's files, then the chief commits.
+
+        Every rank reaches every collective here, even one whose block
+        raised, so no rank is left waiting.
+        """
         reports = self._dist.allgather(
-            {"ok": error is None, "error": repr(error), "metadata": dict(metadata or {})}
+            {"error": None if error is None else repr(error), "files": dict(files),
+             "metadata": dict(metadata or {})}
         )
+        problem, merged = shard_logic.check_reports(storage_id, reports)
+        put_error: Optional[BaseException] = None
+        if problem is None and files and src is not None:
+            try:
+                self._backend.put(storage_id, src, files)
+            except Exception as e:
+                put_error = e
+        uploads = self._dist.allgather(None if put_error is None else repr(put_error))
         outcome: Optional[str] = None
         if self._dist.rank == 0:
-            outcome = self._finish_sharded(storage_id, partial, reports)
+            outcome = problem or shard_logic.failed_upload(storage_id, uploads)
+            if outcome is None:
+                try:
+                    self._commit(storage_id, merged, shard_logic.union(reports))
+                except Exception as e:
+                    outcome = str(e)
+            if outcome is not None:
+                self._backend.abort(storage_id)
         outcome = self._dist.broadcast(outcome)
         if error is not None:
             raise error
+        if put_error is not None:
+            raise put_error
         if outcome:
             raise RuntimeError(outcome)
 
-    def _finish_sharded(
-        self, storage_id: str, partial: pathlib.Path, reports: list[Mapping[str, Any]]
-    ) -> Optional[str]:
-        """Chief: commit if every rank succeeded; else a reason for the others."""
-        failed = [(rank, r["error"]) for rank, r in enumerate(reports) if not r["ok"]]
-        try:
-            if failed:
-                rank, err = failed[0]
-                raise RuntimeError(
-                    f"checkpoint {storage_id} was not committed: rank {rank} failed with {err}"
-                )
-            self._commit(storage_id, partial, merge_metadata([r["metadata"] for r in reports]))
-        except Exception as e:
-            shutil.rmtree(partial, ignore_errors=True)
-            return str(e)
-        return None
-
     def upload(
         self,
-        ckpt_dir: os.PathLike[str] | str,
+        ckpt_dir: Optional[os.PathLike[str] | str],
         metadata: Optional[Mapping[str, Any]] = None,
         *,
         shard: bool = False,
+        selector: Optional[Callable[[str], bool]] = None,
     ) -> str:
-        """Copy the files of ``ckpt_dir`` into a new checkpoint; returns its storage id."""
-        with self.store_path(metadata, shard=shard) as (path, storage_id):
-            shutil.copytree(ckpt_dir, path, dirs_exist_ok=True)
+        """Store the files of ``ckpt_dir`` as a new checkpoint; returns its storage id.
+
+        ``selector`` chooses files by their path relative to ``ckpt_dir``.
+        ``shard=True``: every rank calls it; ranks with nothing to upload
+        pass ``ckpt_dir=None``; ranks of one node passing the same directory
+        without a selector upload it once. Two ranks uploading the same file
+        is an error and nothing is committed.
+        """
+        src = pathlib.Path(ckpt_dir) if ckpt_dir is not None else None
+        if not shard:
+            require_chief(self._dist, "checkpoint.upload(shard=False)")
+            if src is None:
+                raise RuntimeError("checkpoint.upload(ckpt_dir=None, shard=False) would upload "
+                                   "nothing; pass a directory")
+            metadata = merge_metadata([metadata or {}])
+            storage_id = str(uuid.uuid4())
+            files = _user_files(src, selector)
+            try:
+                if self._backend.shared_staging:
+                    self._backend.begin(storage_id)
+                self._backend.put(storage_id, src, files)
+                self._commit(storage_id, metadata, files)
+            except BaseException:
+                self._backend.abort(storage_id)
+                raise
+            return storage_id
+        return self._upload_sharded(src, metadata, selector)
+
+    def _upload_sharded(self, src: Optional[pathlib.Path], metadata: Optional[Mapping[str, Any]],
+                        selector: Optional[Callable[[str], bool]]) -> str:
+        storage_id, _staging, error = self._begin_sharded()
+        uid = None
+        if src is not None:
+            st = os.stat(src)
+            uid = (socket.gethostname(), st.st_dev, st.st_ino)
+        uids = self._dist.allgather(uid)
+        if not any(u is not None for u in uids):
+            raise RuntimeError("checkpoint.upload(ckpt_dir=None, shard=True) on every rank "
+                               "would upload nothing; at least one rank must pass a directory")
+        # Ranks sharing one directory upload it once (the lowest rank), as in Determined.
+        mine = src is not None and (selector is not None or uids.index(uid) == self._dist.rank)
+        files = _user_files(src, selector) if mine and src is not None and error is None else {}
+        self._finish_sharded(storage_id, src, files, metadata, error)
         return storage_id
 
-    def _begin(self) -> tuple[str, pathlib.Path]:
-        storage_id = str(uuid.uuid4())
-        partial = self._partial_dir(storage_id)
-        partial.mkdir(parents=True)
-        return storage_id, partial
-
-    def _commit(self, storage_id: str, partial: pathlib.Path, metadata: Mapping[str, Any]) -> None:
-        write_atomically(partial / METADATA_FILE, dumps(dict(metadata)) + "\n")
-        os.rename(partial, self._storage / storage_id)
-        _fsync_dir(self._storage)
+    def _commit(self, storage_id: str, metadata: Mapping[str, Any],
+                files: Mapping[str, int]) -> None:
+        previous = self.latest()
+        self._run_dir.write_pointer(LATEST_POINTER, {"storage_id": previous,
+                                                     "pending": storage_id})
+        self._backend.commit(storage_id, metadata, files)
         self._run_dir.write_pointer(
             LATEST_POINTER,
             {"storage_id": storage_id, "trial_id": self._run_dir.trial_id,
              "hparams": self._run_dir.hparams, "metadata": dict(metadata)},
         )
-        logger.info("committed checkpoint %s (metadata=%s)", storage_id, dict(metadata))
-
-    def _partial_dir(self, storage_id: str) -> pathlib.Path:
-        return self._storage / f"{PARTIAL_PREFIX}{storage_id}"
+        logger.info("committed checkpoint %s to %s (metadata=%s)", storage_id,
+                    self._backend.url, dict(metadata))
+        if self._after_commit is not None:
+            self._after_commit(storage_id, metadata)
 
     # --- reading -----------------------------------------------------------
 
-    def _committed(self, storage_id: str) -> pathlib.Path:
-        if isinstance(storage_id, str) and storage_id.startswith(PARTIAL_PREFIX):
-            # What a crashed upload left: never a checkpoint (README, "Checkpoints").
-            raise FileNotFoundError(
-                f"checkpoint {storage_id!r} in {self._storage} was never committed "
-                "(left by an interrupted save); use a committed id, e.g. latest()"
-            )
-        if not isinstance(storage_id, str) or not _STORAGE_ID_RE.fullmatch(storage_id):
-            raise ValueError(f"invalid checkpoint storage id {storage_id!r}")
-        path = self._storage / storage_id
-        if not (path / METADATA_FILE).is_file():
-            raise FileNotFoundError(
-                f"checkpoint {storage_id} not found in {self._storage} "
-                "(never committed, deleted, or a different checkpoint storage)"
-            )
-        return path
+    def _shared_download(self, mode: Any, selector: Optional[Callable[[str], bool]]) -> bool:
+        """Whether this call coordinates: Determined's default on storage that
+        must be downloaded, by every rank, in step."""
+        mode = DownloadMode(mode)
+        if mode is DownloadMode.NoSharedDownload or self._backend.shared_staging:
+            return False
+        return self._dist.size > 1
 
     @contextlib.contextmanager
-    def restore_path(self, storage_id: str) -> Iterator[pathlib.Path]:
-        """Context manager yielding the directory of a committed checkpoint.
+    def restore_path(
+        self,
+        storage_id: str,
+        download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload,
+        *,
+        selector: Optional[Callable[[str], bool]] = None,
+    ) -> Iterator[pathlib.Path]:
+        """Context manager yielding a local directory with a committed checkpoint.
 
-        Storage is a shared directory, so nothing is downloaded and the path
-        is the checkpoint itself: read it, do not modify it.
+        On a directory storage the path is the checkpoint itself (read it,
+        do not modify it). On object storage it is a private temporary
+        download, removed afterwards; with ``LocalWorkersShareDownload``
+        every rank calls in step and one rank per node downloads.
         """
-        yield self._committed(storage_id)
+        if not self._shared_download(download_mode, selector):
+            with self._backend.restore_path(storage_id, selector) as path:
+                yield path
+            return
+        with shard_logic.node_shared(self._dist, selector, lambda sel: self._backend.restore_path(
+                storage_id, sel)) as path:
+            yield path
 
-    def download(self, storage_id: str, ckpt_dir: os.PathLike[str] | str) -> None:
+    def download(
+        self,
+        storage_id: str,
+        ckpt_dir: os.PathLike[str] | str,
+        download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload,
+        *,
+        selector: Optional[Callable[[str], bool]] = None,
+    ) -> None:
         """Copy a committed checkpoint's files (with ``metadata.json``) into ``ckpt_dir``."""
-        shutil.copytree(self._committed(storage_id), ckpt_dir, dirs_exist_ok=True)
+        dst = pathlib.Path(ckpt_dir)
+        if not self._shared_download(download_mode, selector):
+            self._backend.download(storage_id, dst, selector)
+            return
+        shard_logic.node_shared_download(
+            self._dist, dst, selector, lambda d, sel: self._backend.download(storage_id, d, sel))
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
-        with open(self._committed(storage_id) / METADATA_FILE, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
+        return self._backend.get_metadata(storage_id)
 
     def latest(self) -> Optional[str]:
         """Storage id of the newest checkpoint this run directory committed.
 
-        Off-cluster nothing passes ``latest_checkpoint`` to a rerun, so a
-        rerun with the same run directory resumes with
+        A rerun with the same run directory resumes with
         ``info.latest_checkpoint or core_context.checkpoint.latest()``.
         ``None`` if none was committed, or it has been deleted since.
         """
-        pointer = self._run_dir.read_pointer(LATEST_POINTER)
-        storage_id = pointer.get("storage_id") if pointer else None
-        if not isinstance(storage_id, str):
-            return None
-        try:
-            self._committed(storage_id)
-        except (FileNotFoundError, ValueError):
-            return None
-        return storage_id
+        pointer = self._run_dir.read_pointer(LATEST_POINTER) or {}
+        for key in ("pending", "storage_id"):
+            storage_id = pointer.get(key)
+            if isinstance(storage_id, str) and self._backend.is_committed(storage_id):
+                return storage_id
+        return None
 
-    def delete(self, storage_id: str) -> None:
-        """Remove a committed checkpoint: first uncommit it (rename back to
-        ``.partial-``), so a crash mid-delete never leaves a damaged one visible."""
-        path = self._committed(storage_id)
-        doomed = self._partial_dir(storage_id)
-        os.rename(path, doomed)
-        shutil.rmtree(doomed)
+    def committed_ids(self) -> list[str]:
+        """Storage ids of every committed checkpoint in this storage."""
+        return self._backend.list_ids()[0]
+
+    def delete(self, storage_id: str, globs: Optional[list[str]] = None) -> None:
+        """Remove a committed checkpoint (all of it, or the files matching
+        ``globs``, e.g. ``["optimizer/*"]``). Removing all of it uncommits it
+        first, so a crash mid-delete never leaves a damaged one visible."""
+        check_storage_id(storage_id, self._backend.url)
+        self._backend.delete(storage_id, globs)
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
-    """Make a rename durable; some file systems refuse, which is fine."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _user_files(root: pathlib.Path, selector: Optional[Callable[[str], bool]] = None
+                ) -> dict[str, int]:
+    """The user's files; a ``metadata.json`` at the top is ours to write (the marker)."""
+    files = list_local(root, selector)
+    files.pop(METADATA_FILE, None)
+    return files

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
 from determined_launch.core._train_local import LocalTrainCalls
+from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
 
 logger = logging.getLogger("determined_launch.core")
 
 _GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
 #: Streams of the run directory that are not metric groups.
-_RESERVED_GROUPS = frozenset({"progress", "searcher", "profiler", "task_sources"})
+_RESERVED_GROUPS = frozenset({"progress", "searcher", "profiler", "task_sources", "checkpoints"})
 
 
 class TrainContext(LocalTrainCalls):
@@ -26,9 +28,31 @@ class TrainContext(LocalTrainCalls):
     (plus ``batch_metrics`` when given). Only the chief may report.
     """
 
-    def __init__(self, dist: Collectives, run_dir: RunDir) -> None:
+    def __init__(self, dist: Collectives, run_dir: RunDir,
+                 tensorboard: Optional[TensorboardManager] = None) -> None:
         self._dist = dist
         self._run_dir = run_dir
+        self._tensorboard = tensorboard
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """This rank's TensorBoard directory (synced to checkpoint storage)."""
+        if self._tensorboard is None:
+            raise ValueError("no TensorBoard directory: this context was built without one")
+        return self._tensorboard.base_path
+
+    def upload_tensorboard_files(
+        self,
+        selector: Callable[[pathlib.Path], bool] = lambda _: True,
+        mangler: Callable[[pathlib.Path, int], pathlib.Path] = lambda p, __: p,
+    ) -> None:
+        """MANUAL mode: upload new or changed files of ``get_tensorboard_path()``
+        (those ``selector`` accepts, named by ``mangler(relative path, rank)``)."""
+        if self._tensorboard is None:
+            raise ValueError("no TensorBoard directory: this context was built without one")
+        if self._tensorboard.mode is TensorboardMode.AUTO:
+            raise RuntimeError("upload_tensorboard_files can only be used in MANUAL mode "
+                               "(core.init(tensorboard_mode=TensorboardMode.MANUAL))")
+        self._tensorboard.sync(selector, mangler, force=True)
 
     def report_training_metrics(
         self,
@@ -78,3 +102,5 @@ class TrainContext(LocalTrainCalls):
         if batch_metrics is not None:
             record["batch_metrics"] = [dict(m) for m in batch_metrics]
         self._run_dir.append(group, record)
+        if self._tensorboard is not None:
+            self._tensorboard.on_report(group, steps_completed, metrics)

@@ -1,0 +1,158 @@
+"""Parallel file transfers with bounded retries and a progress line.
+
+Each file is one task; the storage library streams it from disk (s3fs and
+adlfs split large files into parts and send them concurrently), so a large
+checkpoint never sits whole in memory. A task that fails is retried with
+exponential backoff a bounded number of times; then the whole transfer
+fails with one line naming the checkpoint, the URL and the last error, so a
+training process never hangs on a dead server.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+logger = logging.getLogger("determined_launch.core")
+
+#: Attempts per file (first try + retries); DET_STORAGE_RETRIES overrides.
+DEFAULT_ATTEMPTS = 5
+RETRIES_ENV = "DET_STORAGE_RETRIES"
+#: Parallel file transfers; DET_STORAGE_THREADS overrides.
+DEFAULT_THREADS = 16
+THREADS_ENV = "DET_STORAGE_THREADS"
+#: A transfer running longer than this prints a progress line, then every PROGRESS_EVERY.
+PROGRESS_AFTER = 3.0
+PROGRESS_EVERY = 5.0
+_BACKOFF_BASE = 0.2
+_BACKOFF_MAX = 5.0
+
+
+class StorageTransferError(RuntimeError):
+    """A transfer failed after its retries."""
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StorageTransferError(
+            f"environment variable {name}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise StorageTransferError(f"environment variable {name}={raw!r}: must be >= {minimum}")
+    return value
+
+
+def attempts() -> int:
+    return _env_int(RETRIES_ENV, DEFAULT_ATTEMPTS, 1)
+
+
+def threads() -> int:
+    return _env_int(THREADS_ENV, DEFAULT_THREADS, 1)
+
+
+def with_retries(fn: Callable[[], object], what: str, *, tries: Optional[int] = None) -> None:
+    """Run ``fn``; retry on any exception with backoff; re-raise the last one."""
+    tries = tries or attempts()
+    for attempt in range(1, tries + 1):
+        try:
+            fn()
+            return
+        except (FileNotFoundError, PermissionError):
+            raise  # a missing local file or a refused credential will not heal
+        except Exception as e:
+            if attempt == tries:
+                raise
+            delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
+            logger.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what,
+                           type(e).__name__, _first_line(e), attempt, tries - 1, delay)
+            time.sleep(delay)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+class _Progress:
+    """Logs 'verb label: done/total MB (files), rate' for long transfers only."""
+
+    def __init__(self, verb: str, label: str, total_bytes: int, total_files: int) -> None:
+        self.verb, self.label = verb, label
+        self.total_bytes, self.total_files = total_bytes, total_files
+        self.done_bytes = self.done_files = 0
+        self.start = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="det-storage-progress")
+        self._thread.start()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.done_bytes += nbytes
+            self.done_files += 1
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        mb = 1024 * 1024
+        return (f"{self.verb} {self.label}: {self.done_bytes / mb:.0f}/{self.total_bytes / mb:.0f}"
+                f" MB, {self.done_files}/{self.total_files} files, "
+                f"{self.done_bytes / mb / elapsed:.0f} MB/s")
+
+    def _run(self) -> None:
+        if self._stop.wait(PROGRESS_AFTER):
+            return
+        while True:
+            logger.info("%s", self.line())
+            if self._stop.wait(PROGRESS_EVERY):
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_parallel(
+    tasks: Sequence[tuple[str, int, Callable[[], object]]],
+    *,
+    verb: str,
+    label: str,
+    url: str,
+) -> None:
+    """Run ``(name, size, fn)`` tasks in parallel, each with retries.
+
+    The first task that exhausts its retries cancels those not started and
+    raises ``StorageTransferError``: '<verb> <label> to/from <url>: <name>: <error>'.
+    """
+    if not tasks:
+        return
+    progress = _Progress(verb, label, sum(t[1] for t in tasks), len(tasks))
+    tries = attempts()
+    try:
+        workers = min(threads(), len(tasks))
+        with concurrent.futures.ThreadPoolExecutor(workers, "det-storage") as pool:
+            futures = {}
+            for name, size, fn in tasks:
+                fut = pool.submit(with_retries, fn, f"{verb} {name}", tries=tries)
+                futures[fut] = (name, size)
+            for fut in concurrent.futures.as_completed(futures):
+                name, size = futures[fut]
+                err = fut.exception()
+                if err is not None:
+                    for other in futures:
+                        other.cancel()
+                    raise StorageTransferError(
+                        f"{verb} checkpoint {label} at {url} failed after {tries} attempt(s): "
+                        f"{name}: {type(err).__name__}: {_first_line(err)}"
+                    ) from err
+                progress.add(size)
+    finally:
+        progress.close()

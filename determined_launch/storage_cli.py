@@ -1,0 +1,79 @@
+"""``det-launch checkpoints``: look after checkpoint storage without a job.
+
+    det-launch checkpoints list STORAGE
+    det-launch checkpoints gc STORAGE [--remove]
+
+STORAGE is anything ``core.init(checkpoint_storage=...)`` accepts: a
+directory, a URL (s3://, gs://, az://, file://) or a YAML file with a
+``checkpoint_storage`` block. ``gc`` reports what interrupted saves left
+(files without a commit marker) and removes them only with ``--remove``;
+committed checkpoints are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from determined_launch.core.storage import open_storage, parse_storage
+from determined_launch.errors import EXIT_USAGE, LaunchError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"det-launch checkpoints: error: {message} (see det-launch checkpoints --help)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="det-launch checkpoints",
+                description="List committed checkpoints, or find and remove what "
+                            "interrupted saves left behind.")
+    sub = p.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="committed checkpoints with their metadata")
+    ls.add_argument("storage", help="directory, URL or YAML file with a checkpoint_storage block")
+    gc = sub.add_parser("gc", help="report leftovers of interrupted saves")
+    gc.add_argument("storage", help="directory, URL or YAML file with a checkpoint_storage block")
+    gc.add_argument("--remove", action="store_true",
+                    help="delete the leftovers (never while a job is saving to this storage)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        ns = _parser().parse_args(list(argv))
+    except SystemExit as e:
+        return int(e.code or 0) and EXIT_USAGE
+    try:
+        backend = open_storage(parse_storage(ns.storage, where="STORAGE"), probe=True)
+        committed, leftovers = backend.list_ids()
+    except LaunchError as e:
+        print(f"det-launch checkpoints: error: {e}", file=sys.stderr)
+        return e.exit_status
+    except Exception as e:  # network, permissions: one line, not a traceback
+        print(f"det-launch checkpoints: error: {ns.storage}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+    if ns.action == "list":
+        for sid in committed:
+            print(f"{sid}\t{backend.get_metadata(sid)}")
+        return 0
+    print(f"{backend.url}: {len(committed)} committed checkpoint(s), "
+          f"{len(leftovers)} leftover(s) of interrupted saves")
+    status = 0
+    for sid in leftovers:
+        if not ns.remove:
+            print(f"  leftover {sid}")
+            continue
+        try:
+            backend.remove_leftover(sid)
+            print(f"  removed {sid}")
+        except Exception as e:
+            print(f"  could not remove {sid}: {e}", file=sys.stderr)
+            status = 1
+    if leftovers and not ns.remove:
+        print("run again with --remove to delete them (not while a job is saving here)")
+    return status

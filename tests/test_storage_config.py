@@ -1,0 +1,208 @@
+"""Storage forms and their one-line errors, retention, TensorBoard, and
+``det-launch checkpoints`` (directory storage; object stores are in
+tests/test_storage_backends.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from determined_launch import core
+from determined_launch.cluster import ClusterInfo
+from determined_launch.core.storage import Retention, StorageConfigError, parse_storage, retention
+from tests.conftest import REPO, base_env
+
+
+def info(**extra: Any) -> ClusterInfo:
+    return ClusterInfo(container_addrs=("127.0.0.1",), container_rank=0,
+                       container_slot_counts=(1,), slot_ids=(0,), source="test", **extra)
+
+
+def test_every_form(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_storage("ck", where="w").root == str(tmp_path / "ck")
+    assert parse_storage(tmp_path / "p", where="w").root == str(tmp_path / "p")
+    assert parse_storage("file:///data/ck", where="w").root == "/data/ck"
+    s3 = parse_storage("s3://bucket/a/b/", where="w")
+    assert (s3.protocol, s3.root, s3.url) == ("s3", "bucket/a/b", "s3://bucket/a/b")
+    assert parse_storage("memory://m/x", where="w").protocol == "memory"
+    block = parse_storage({"type": "s3", "bucket": "b", "prefix": "/p/", "access_key": "AK",
+                           "secret_key": "SK", "endpoint_url": "http://e", "save_trial_best": 2},
+                          where="w")
+    assert block.url == "s3://b/p" and block.options == {
+        "key": "AK", "secret": "SK", "endpoint_url": "http://e"}
+    assert block.retention == Retention(save_trial_best=2)
+    assert "SK" not in repr(block)
+    shared = parse_storage({"type": "shared_fs", "host_path": "/mnt", "storage_path": "ck"},
+                           where="w")
+    assert shared.root == "/mnt/ck" and shared.is_directory and shared.retention is None
+    az = parse_storage({"type": "azure", "container": "c", "connection_string": "x"}, where="w")
+    assert az.url == "az://c" and az.options == {"connection_string": "x"}
+    (tmp_path / "exp.yaml").write_text(
+        "checkpoint_storage:\n  type: directory\n  container_path: /ck\n  save_trial_latest: 3\n")
+    from_yaml = parse_storage("exp.yaml", where="w")
+    assert from_yaml.root == "/ck" and from_yaml.retention == Retention(save_trial_latest=3)
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"type": "hdfs"}, "w: checkpoint_storage.type: unknown type 'hdfs'"),
+    ({"bucket": "b"}, "w: checkpoint_storage.type: unknown type None"),
+    ({"type": "s3"}, "w: checkpoint_storage.bucket: missing"),
+    ({"type": "s3", "bucket": 3}, "w: checkpoint_storage.bucket: expected a non-empty string"),
+    ({"type": "s3", "bucket": "b", "buckt": 1}, "checkpoint_storage.buckt: unknown key"),
+    ({"type": "s3", "bucket": "b", "access_key": "a"}, "checkpoint_storage.secret_key: "),
+    ({"type": "shared_fs"}, "checkpoint_storage.host_path: missing"),
+    ({"type": "gcs", "bucket": "b", "save_trial_best": -1}, "save_trial_best: expected an int"),
+    ({"type": "azure", "connection_string": "x"}, "checkpoint_storage.container: missing"),
+    ("ftp://x/y", "unsupported scheme 'ftp'"),
+    ("s3://", "missing the bucket"),
+    ("file://rel", "needs an absolute path"),
+    (["s3://b"], "expected a directory, a URL or a checkpoint_storage block"),
+])
+def test_bad_storage_is_one_line_naming_the_field(value: Any, message: str) -> None:
+    with pytest.raises(StorageConfigError) as e:
+        parse_storage(value, where="w")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gcsfs" else real(name, *a))
+    with pytest.raises(StorageConfigError,
+                       match=r"gs://b/p needs gcsfs: pip install 'determined_launch\[gcs\]'"):
+        parse_storage("gs://b/p", where="w")
+
+
+def test_import_stays_light() -> None:
+    code = ("import sys, determined_launch, determined_launch.core; "
+            "import determined_launch.core.storage; "
+            "bad = [m for m in ('fsspec', 's3fs', 'adlfs', 'tensorboardX', 'torch', 'yaml') "
+            "if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=base_env(), check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+def _write_log(run: pathlib.Path, ckpts: list[tuple[str, int]],
+               vals: list[tuple[int, float]]) -> None:
+    run.mkdir(parents=True)
+    (run / "checkpoints.jsonl").write_text("".join(
+        json.dumps({"storage_id": s, "steps_completed": n}) + "\n" for s, n in ckpts))
+    (run / "validation.jsonl").write_text("".join(
+        json.dumps({"steps_completed": n, "metrics": {"loss": v}}) + "\n" for n, v in vals))
+
+
+def test_retention_keeps_latest_and_best(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "runs" / "trial-1"
+    _write_log(run, [("a", 1), ("b", 2), ("c", 3), ("d", 4)],
+               [(1, 0.5), (2, 0.1), (3, 0.9), (4, 0.7)])
+    env = {"DET_SEARCHER_METRIC": "loss"}
+    policy = Retention(save_trial_latest=1, save_trial_best=1)
+    assert retention.to_delete(policy, run, env) == ["a", "c"]
+    assert retention.to_delete(policy, run, {**env, "DET_SMALLER_IS_BETTER": "false"}) == ["a", "b"]
+    assert retention.to_delete(policy, run, {}) == ["a", "b", "c"]  # no metric: latest only
+    _write_log(tmp_path / "runs" / "trial-2", [("z", 1)], [(1, 0.01)])
+    wide = Retention(save_trial_latest=1, save_trial_best=0, save_experiment_best=2)
+    assert retention.to_delete(wide, run, env) == ["a", "c"]  # z and b are the best two
+
+
+def test_retention_through_core_init(tmp_path: pathlib.Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DET_SEARCHER_METRIC", "loss")
+    block = {"type": "shared_fs", "host_path": str(tmp_path / "ck"),
+             "save_trial_latest": 1, "save_trial_best": 1}
+    with core.init(info=info(), run_dir=str(tmp_path / "run"), checkpoint_storage=block) as ctx:
+        ids = []
+        for step, loss in [(1, 0.2), (2, 0.9), (3, 0.8)]:
+            ctx.train.report_validation_metrics(step, {"loss": loss})
+            with ctx.checkpoint.store_path({"steps_completed": step}) as (path, sid):
+                (path / "w").write_text(str(step))
+            ids.append(sid)
+        assert sorted(ctx.checkpoint.committed_ids()) == sorted([ids[0], ids[2]])
+        assert ctx.checkpoint.latest() == ids[2]
+    # Without a save_* policy nothing is ever deleted.
+    with core.init(info=info(), run_dir=str(tmp_path / "run2"),
+                   checkpoint_storage=str(tmp_path / "ck2")) as ctx:
+        for step in range(3):
+            with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
+                (path / "w").write_text("x")
+        assert len(ctx.checkpoint.committed_ids()) == 3
+
+
+def test_cluster_info_storage_is_used(tmp_path: pathlib.Path) -> None:
+    with core.init(info=info(checkpoint_storage=f"file://{tmp_path}/from-info"),
+                   run_dir=str(tmp_path / "run")) as ctx:
+        assert ctx.checkpoint.storage_dir == tmp_path / "from-info"
+
+
+def test_tensorboard_auto_and_manual(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("tensorboardX")
+    ck = tmp_path / "ck"
+    with core.init(info=info(), run_dir=str(tmp_path / "run-a"),
+                   checkpoint_storage=str(ck)) as ctx:
+        assert ctx.train.get_tensorboard_path() == tmp_path / "run-a" / "tensorboard"
+        ctx.train.report_training_metrics(1, {"loss": 0.5, "note": "text"})
+        ctx.train.report_validation_metrics(1, {"loss": 0.4})
+        with pytest.raises(RuntimeError, match="only be used in MANUAL mode"):
+            ctx.train.upload_tensorboard_files()
+    synced = list((ck / "tensorboard" / "run-a").glob("events.out.tfevents.*"))
+    assert len(synced) == 1 and synced[0].stat().st_size > 0
+    assert _scalar_tags(synced[0]) == {("training/loss", 1, 0.5), ("validation/loss", 1, 0.4)}
+    with core.init(info=info(), run_dir=str(tmp_path / "run-m"), checkpoint_storage=str(ck),
+                   tensorboard_mode=core.TensorboardMode.MANUAL) as ctx:
+        ctx.train.report_training_metrics(1, {"loss": 0.5})
+        assert not ctx.train.get_tensorboard_path().exists()  # MANUAL writes nothing
+        ctx.train.get_tensorboard_path().mkdir(parents=True)
+        (ctx.train.get_tensorboard_path() / "mine.txt").write_text("x")
+        ctx.train.upload_tensorboard_files(mangler=lambda p, rank: p.with_name(f"r{rank}-{p.name}"))
+    assert (ck / "tensorboard" / "run-m" / "r0-mine.txt").read_text() == "x"
+
+
+def _scalar_tags(path: pathlib.Path) -> set[tuple[str, int, float]]:
+    """(tag, step, value) of every scalar in a TFRecord event file."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    data, out, pos = path.read_bytes(), set(), 0
+    while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+        pos += 16 + length
+        for v in event.summary.value:
+            out.add((v.tag, event.step, round(v.simple_value, 6)))
+    return out
+
+
+def test_gc_cli(tmp_path: pathlib.Path) -> None:
+    storage = tmp_path / "ck"
+    with core.init(info=info(), run_dir=str(tmp_path / "run"),
+                   checkpoint_storage=str(storage)) as ctx:
+        with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, good):
+            (path / "w").write_text("x")
+    (storage / ".partial-dead").mkdir()
+    cmd = [sys.executable, "-m", "determined_launch.cli", "checkpoints"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cmd, *args], capture_output=True, text=True, env=base_env(),
+                              cwd=REPO, timeout=60)
+
+    out = run("gc", str(storage))
+    assert out.returncode == 0 and "1 committed checkpoint(s), 1 leftover(s)" in out.stdout
+    assert "leftover dead" in out.stdout and (storage / ".partial-dead").is_dir()
+    out = run("gc", str(storage), "--remove")
+    assert "removed dead" in out.stdout and not (storage / ".partial-dead").exists()
+    assert (storage / good / "metadata.json").is_file()
+    out = run("list", str(storage))
+    assert out.stdout.startswith(good) and "steps_completed" in out.stdout
+    out = run("gc", "ftp://nowhere/x")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "unsupported scheme" in out.stderr
+    assert run("gc").returncode == 2
