@@ -95,3 +95,14 @@ def test_the_rules_catch_a_violation(tmp_path: Path) -> None:
     probe.write_text("def f():\n    from ..supervisor import node\n")
     found = imports_of(probe, f"{PKG}.core._layers_probe")
     assert "determined_launch.supervisor.node" in found
+
+
+def test_only_the_cli_imports_the_experiment_layer() -> None:
+    # experiment/ is the top layer (it runs launcher jobs); below it nothing may know it.
+    top = f"{PKG}.experiment"
+    for path in modules():
+        name = module_name(path)
+        if name == top or name.startswith(top + ".") or name == f"{PKG}.cli":
+            continue
+        bad = sorted(i for i in imports_of(path) if i == top or i.startswith(top + "."))
+        assert not bad, f"{name} imports {bad}, which sit above it"
