@@ -1,0 +1,65 @@
+"""A tiny Core API trial for the search tests: no torch, milliseconds per step.
+
+Its searcher metric is a known function of its hparams (minimum at x=0.7,
+layers=2) that improves with training length, so ASHA's choices can be
+checked. It resumes from its latest checkpoint and stops on preemption.
+"""
+
+import json
+import os
+import pathlib
+import time
+
+import determined_launch as det
+from determined_launch import core
+
+
+def loss(hp, step):
+    return (hp.get("x", 0.7) - 0.7) ** 2 + 0.1 * abs(hp.get("layers", 2) - 2) + 1.0 / step
+
+
+def main():
+    info = det.get_cluster_info()
+    hp = info.trial.hparams
+    if hp.get("invalid"):
+        with core.init():
+            raise det.InvalidHP("x is not allowed")
+    dist = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist = core.DistributedContext.from_torch_distributed()
+    period = int(hp.get("period", 4))
+    metric = hp.get("metric_name", "loss")
+    with core.init(distributed=dist) as ctx:
+        step = 0
+        if info.latest_checkpoint:
+            with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
+                step = json.loads((pathlib.Path(path) / "state.json").read_text())["step"]
+        stop = False
+        length = info.trial.max_length
+        ops = ctx.searcher.operations() if hp.get("ops", True) else [None]
+        for op in ops:
+            target = op.length if op is not None else length
+            while step < target:
+                step += 1
+                time.sleep(float(hp.get("sleep", 0.0)))
+                if ctx.distributed.rank == 0:
+                    with open(os.environ["DET_RUN_DIR"] + "/batches.log", "a") as f:
+                        f.write("1\n")
+                if step % period == 0 and ctx.distributed.rank == 0:
+                    ctx.train.report_validation_metrics(
+                        step, {metric: loss(hp, step), "batches": step})
+                if ctx.preempt.should_preempt():
+                    if ctx.distributed.rank == 0:
+                        with ctx.checkpoint.store_path({"step": step}) as (path, _):
+                            (pathlib.Path(path) / "state.json").write_text(
+                                json.dumps({"step": step}))
+                    stop = True
+                    break
+            if stop:
+                break
+            if op is not None and ctx.distributed.rank == 0:
+                op.report_completed(loss(hp, step))
+
+
+if __name__ == "__main__":
+    main()
