@@ -27,6 +27,7 @@ DIST_TRANSPORT = "DET_DIST_TRANSPORT"  # "direct" (default) or "zmq"
 # Local Core API (core.init): where metrics and checkpoints go.
 RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)
 CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # shared checkpoint directory
+SEARCHER_UNIT = "DET_SEARCHER_UNIT"  # BATCHES/RECORDS/EPOCHS: get_configured_units()
 
 # Preemption plumbing between a node's launcher and its workers.
 PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested

@@ -5,7 +5,7 @@ from determined_launch.core._dummy import DummyTrainContext, _dummy_init  # noqa
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.distributed import DistributedContext, DistributedError
 from determined_launch.core.preempt import PreemptContext, PreemptMode
-from determined_launch.core.searcher import SearcherContext, SearcherOperation
+from determined_launch.core.searcher import SearcherContext, SearcherMode, SearcherOperation, Unit
 from determined_launch.core.train import TrainContext
 
 __all__ = [
@@ -17,7 +17,9 @@ __all__ = [
     "PreemptContext",
     "PreemptMode",
     "SearcherContext",
+    "SearcherMode",
     "SearcherOperation",
     "TrainContext",
+    "Unit",
     "init",
 ]

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import Any, Callable, Optional
 
+from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import EXIT_PREEMPTED, EXIT_USAGE, LaunchError
 from determined_launch.experiment import searchers as se
@@ -174,8 +175,12 @@ class Driver:
                             searcher.time_metric)
         from determined_launch.experiment.trial import launcher_argv
 
+        env = dict(os.environ)
+        env.pop(envvars.SEARCHER_UNIT, None)
+        if searcher.unit is not None:
+            env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
         proc.start(self.s.info, launcher_argv(self.s.flags, self.s.command, self.s.args),
-                   os.environ, self.s.checkpoint_storage)
+                   env, self.s.checkpoint_storage)
         self.running[trial.number] = (trial, proc)
         self.s.on_event(f"trial {proc.spec.trial_id}: started, hparams "
                         f"{json.dumps(proc.spec.hparams, sort_keys=True)}")
