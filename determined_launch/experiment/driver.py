@@ -193,6 +193,8 @@ class Driver:
                 self.error = e
             proc.request_stop("error")
             return
+        if not reports:
+            return
         done = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
         for r in reports:
             if r.length in done or proc.stop_reason is not None:

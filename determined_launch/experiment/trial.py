@@ -163,7 +163,7 @@ class TrialProcess:
         # stops every trial through preemption instead of each trial dying alone.
         self.proc = subprocess.Popen(list(argv), env=child_env, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_term_with_parent)
 
     def new_reports(self) -> list[Report]:
         """Searcher observations appended since the last call."""
@@ -237,6 +237,19 @@ class TrialProcess:
         except OSError:
             return ""
         return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _term_with_parent() -> None:
+    """In the child before exec: TERM when the driver dies (Linux), so a
+    killed worker's trial is preempted (checkpoint, exit 75) rather than left
+    running beside the worker that will resume it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _is_number(value: Any) -> bool:

@@ -18,6 +18,12 @@ def loss(hp, step):
     return (hp.get("x", 0.7) - 0.7) ** 2 + 0.1 * abs(hp.get("layers", 2) - 2) + 1.0 / step
 
 
+def save(ctx, step):
+    if ctx.distributed.rank == 0:
+        with ctx.checkpoint.store_path({"step": step}) as (path, _):
+            (pathlib.Path(path) / "state.json").write_text(json.dumps({"step": step}))
+
+
 def main():
     info = det.get_cluster_info()
     hp = info.trial.hparams
@@ -30,12 +36,15 @@ def main():
     period = int(hp.get("period", 4))
     metric = hp.get("metric_name", "loss")
     with core.init(distributed=dist) as ctx:
+        with open(os.environ["DET_RUN_DIR"] + "/ranks.log", "a") as f:
+            f.write(f"{ctx.distributed.rank}/{ctx.distributed.size}\n")
         step = 0
         if info.latest_checkpoint:
             with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
                 step = json.loads((pathlib.Path(path) / "state.json").read_text())["step"]
         stop = False
-        length = info.trial.max_length
+        length = int(os.environ.get("DET_TEST_LENGTH") or info.trial.max_length)
+        ckpt_every = int(hp.get("ckpt_every", 0))
         ops = ctx.searcher.operations() if hp.get("ops", True) else [None]
         for op in ops:
             target = op.length if op is not None else length
@@ -48,11 +57,10 @@ def main():
                 if step % period == 0 and ctx.distributed.rank == 0:
                     ctx.train.report_validation_metrics(
                         step, {metric: loss(hp, step), "batches": step})
+                if ckpt_every and step % ckpt_every == 0:
+                    save(ctx, step)
                 if ctx.preempt.should_preempt():
-                    if ctx.distributed.rank == 0:
-                        with ctx.checkpoint.store_path({"step": step}) as (path, _):
-                            (pathlib.Path(path) / "state.json").write_text(
-                                json.dumps({"step": step}))
+                    save(ctx, step)
                     stop = True
                     break
             if stop:

@@ -1,0 +1,186 @@
+"""det-launch experiment end to end: real launcher jobs running tests/search/trial_script.py.
+
+Each test runs a whole small experiment in its own directory; the trial script
+needs no torch, so a trial costs about one launcher start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from tests.conftest import REPO, base_env, wait_for_file
+
+pytest.importorskip("optuna", reason="the [search] extra is not installed "
+                                     "(bash scripts/install_search.sh)")
+pytestmark = pytest.mark.slow
+
+SCRIPT = str(REPO / "tests" / "search" / "trial_script.py")
+EXEC = ["exec", "--", sys.executable, SCRIPT]
+
+
+def write_config(tmp: Path, hparams: dict[str, Any], searcher: dict[str, Any],
+                 name: str = "exp", **top: Any) -> Path:
+    path = tmp / f"{name}.yaml"
+    doc = {"name": name, "hyperparameters": hparams, "searcher": searcher,
+           "max_restarts": 0, **top}
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
+
+
+def experiment(config: Path, *args: str, exp_dir: Optional[Path] = None,
+               timeout: float = 60, env: Optional[dict[str, str]] = None,
+               ) -> subprocess.CompletedProcess[str]:
+    exp_dir = exp_dir or config.parent / "exp"
+    argv = [sys.executable, "-m", "determined_launch.cli", "experiment", str(config),
+            "--experiment-dir", str(exp_dir), *args]
+    return subprocess.run(argv, env=env or base_env(), capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=config.parent)
+
+
+def trial_dirs(exp_dir: Path) -> dict[int, Path]:
+    return {int(p.name): p for p in (exp_dir / "trials").iterdir()}
+
+
+def hparams_of(d: Path) -> dict[str, Any]:
+    return json.loads((d / "cluster_info.json").read_text())["trial"]["hparams"]
+
+
+def batches(d: Path) -> int:
+    f = d / "batches.log"
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+def loss(hp: dict[str, Any]) -> float:
+    return (hp["x"] - 0.7) ** 2 + 0.1 * abs(hp["layers"] - 2)
+
+
+def test_grid_runs_exactly_its_points_and_a_rerun_runs_none(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {
+        "x": {"type": "double", "minval": 0.001, "maxval": 0.1, "count": 3},
+        "layers": {"type": "categorical", "vals": [1, 2]}, "period": 4},
+        {"name": "grid", "metric": "loss", "max_length": {"batches": 8},
+         "max_concurrent_trials": 2})
+    r = experiment(cfg, *EXEC)
+    assert r.returncode == 0, r.stdout + r.stderr
+    exp = tmp_path / "exp"
+    dirs = trial_dirs(exp)
+    assert sorted(dirs) == [1, 2, 3, 4, 5, 6]
+    seen = sorted((hparams_of(d)["x"], hparams_of(d)["layers"]) for d in dirs.values())
+    assert seen == sorted((x, n) for x in (0.001, 0.0505, 0.1) for n in (1, 2))
+    assert all(batches(d) == 8 for d in dirs.values())
+    info = json.loads((dirs[3] / "cluster_info.json").read_text())
+    assert info["trial"]["trial_id"] == 3 and info["trial"]["max_length"] == 8
+    assert (os.stat(dirs[3] / "cluster_info.json").st_mode & 0o777) == 0o600
+    best = json.loads((exp / "best_trial.json").read_text())
+    assert (best["hparams"]["x"], best["hparams"]["layers"]) == (0.1, 2)
+    assert best["value"] == pytest.approx(loss({"x": 0.1, "layers": 2}) + 1 / 8)
+    assert "best trial" in r.stdout.splitlines()[-1]
+    assert (exp / "searcher_metric.png").read_bytes()[:4] == b"\x89PNG"
+    # Resume: the same command again runs nothing (every trial is finished).
+    r2 = experiment(cfg, *EXEC)
+    assert r2.returncode == 0, r2.stderr
+    assert "started" not in r2.stdout and sorted(trial_dirs(exp)) == [1, 2, 3, 4, 5, 6]
+    assert all(batches(d) == 8 for d in dirs.values())
+    status = subprocess.run([sys.executable, "-m", "determined_launch.cli", "experiment",
+                             "--status", str(exp)], env=base_env(), capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert status.returncode == 0, status.stderr
+    assert "6 completed" in status.stdout and "best trial 6" in status.stdout
+
+
+def test_adaptive_asha_trains_less_and_keeps_the_optimum(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {
+        "x": {"type": "double", "minval": 0.0, "maxval": 1.0},
+        "layers": {"type": "categorical", "vals": [1, 2, 3]}, "period": 4, "sleep": 0.02},
+        {"name": "adaptive_asha", "metric": "loss", "max_length": {"batches": 64},
+         "max_trials": 16, "divisor": 4, "max_concurrent_trials": 2},
+        reproducibility={"experiment_seed": 1})
+    r = experiment(cfg, *EXEC, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    dirs = trial_dirs(tmp_path / "exp")
+    assert len(dirs) == 16
+    trained = sum(batches(d) for d in dirs.values())
+    assert trained < 16 * 64 / 2, trained
+    assert "stopped by ASHA" in r.stdout
+    optimum = min(dirs, key=lambda t: loss(hparams_of(dirs[t])))
+    best = json.loads((tmp_path / "exp" / "best_trial.json").read_text())
+    assert best["trial_id"] == optimum
+    assert batches(dirs[optimum]) == 64
+    # A stopped trial was preempted (checkpoint, launcher status 75), not killed.
+    stopped = [d for d in dirs.values() if batches(d) < 64]
+    assert stopped and all((d / "latest_checkpoint.json").exists() for d in stopped)
+
+
+def test_two_ranks_and_the_038_time_metric_form(tmp_path: Path) -> None:
+    """Determined 0.38's searcher form: the script never calls operations(),
+    reports `batches` in its validation metrics and trains longer than
+    max_time; the searcher ends each trial at max_time by preempting it, on
+    both ranks of a torch job at once."""
+    cfg = write_config(tmp_path, {"x": {"type": "categorical", "vals": [0.6]},
+                                  "layers": 2, "period": 2, "ops": False, "sleep": 0.05},
+                       {"name": "grid", "metric": "loss", "time_metric": "batches",
+                        "max_time": 6},
+                       resources={"slots_per_trial": 2})
+    # The script's own length (info.trial.max_length) is what it trains to; give it more.
+    r = experiment(cfg, "torch", "--", sys.executable, SCRIPT, timeout=120,
+                   env=base_env(DET_TEST_LENGTH="1000"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    dirs = trial_dirs(tmp_path / "exp")
+    assert sorted(dirs) == [1]
+    assert 6 <= batches(dirs[1]) < 40, batches(dirs[1])  # stopped after max_time, not at 1000
+    assert sorted((dirs[1] / "ranks.log").read_text().split()) == ["0/2", "1/2"]
+    assert "job preempted after the workers acknowledged" in (dirs[1] / "output.log").read_text()
+    assert "trial 1: completed" in r.stdout
+    best = json.loads((tmp_path / "exp" / "best_trial.json").read_text())
+    assert best["hparams"]["x"] == 0.6 and best["checkpoint"]
+
+
+def start_worker(cfg: Path, exp_dir: Path, storage: str, *extra: str,
+                 env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "determined_launch.cli", "experiment", str(cfg), "--worker",
+            "--experiment-dir", str(exp_dir), "--study-storage", storage, *extra, *EXEC]
+    return subprocess.Popen(argv, env=env or base_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cfg.parent)
+
+
+def test_two_workers_share_one_journal_and_a_killed_one_is_resumed(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"x": {"type": "double", "minval": 0, "maxval": 1},
+                                  "layers": 2, "period": 2, "sleep": 0.03, "ckpt_every": 4},
+                       {"name": "random", "metric": "loss", "max_trials": 5,
+                        "max_length": 24})
+    exp, journal = tmp_path / "exp", str(tmp_path / "shared" / "study.journal")
+    (tmp_path / "shared").mkdir()
+    first = start_worker(cfg, exp, journal)
+    try:
+        wait_for_file(exp / "trials" / "1" / "latest_checkpoint.json", 30, "a checkpoint")
+        first.send_signal(signal.SIGKILL)  # mid-trial: its launcher is preempted (PDEATHSIG)
+        first.wait(10)
+        time.sleep(0.5)
+        a = start_worker(cfg, exp, journal)
+        b = start_worker(cfg, exp, journal)
+        out_a, _ = a.communicate(timeout=90)
+        out_b, _ = b.communicate(timeout=90)
+    finally:
+        for p in (first,):
+            if p.poll() is None:
+                p.kill()
+    assert a.returncode == 0 and b.returncode == 0, out_a + out_b
+    dirs = trial_dirs(exp)
+    assert sorted(dirs) == [1, 2, 3, 4, 5]
+    started = [line for line in (out_a + out_b).splitlines() if ": started" in line]
+    assert len(started) == 5, out_a + out_b  # trial 1 resumed once, every other run once
+    assert "trial 1: resuming" in out_a + out_b
+    assert "started" in out_a and "started" in out_b  # both workers took trials
+    resumed = json.loads((dirs[1] / "cluster_info.json").read_text())
+    assert resumed["latest_checkpoint"]  # the rerun continued from the checkpoint
+    assert batches(dirs[1]) < 24 + 8  # not trained again from zero
+    assert all(batches(d) == 24 for n, d in dirs.items() if n != 1)
