@@ -184,3 +184,75 @@ def test_two_workers_share_one_journal_and_a_killed_one_is_resumed(tmp_path: Pat
     assert resumed["latest_checkpoint"]  # the rerun continued from the checkpoint
     assert batches(dirs[1]) < 24 + 8  # not trained again from zero
     assert all(batches(d) == 24 for n, d in dirs.items() if n != 1)
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("searcher: {name: grid\n", "invalid YAML at line"),
+    ("searcher: {name: hyperband, metric: loss}\n", "searcher.name: unknown searcher 'hyperband'"),
+    ("hyperparameters: {lr: {type: double, minval: 0.1, maxval: 0.01}}\n"
+     "searcher: {name: random, metric: loss, max_trials: 2}\n",
+     "hyperparameters.lr: minval 0.1 > maxval 0.01"),
+    ("searcher: {name: single, metric: loss, max_length: 3}\n", "no command after the config "
+                                                                "and no entrypoint"),
+])
+def test_bad_configs_exit_2_with_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    args = () if "no command" in expected else EXEC
+    line = one_line_error(experiment(cfg, *args))
+    assert expected in line and "bad.yaml" in line, line
+
+
+def test_unreachable_study_storage_is_one_line(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"x": 1}, {"name": "single", "metric": "loss",
+                                            "max_length": 4})
+    line = one_line_error(experiment(cfg, "--study-storage",
+                                     "postgresql://det:hunter2@127.0.0.1:1/study", *EXEC))
+    assert "cannot be reached" in line and "hunter2" not in line, line
+
+
+def test_a_metric_never_reported_fails_after_the_first_validation(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"metric_name": {"type": "categorical", "vals": ["loss", "acc"]},
+                                  "x": 0.5, "layers": 2, "period": 2, "sleep": 0.02},
+                       {"name": "grid", "metric": "loss", "max_length": 60})
+    r = experiment(cfg, *EXEC)
+    line = one_line_error(r)
+    assert "trial 2" in line and "searcher.metric 'loss' is not among the reported " \
+        "validation metrics (acc, batches)" in line, line
+    dirs = trial_dirs(tmp_path / "exp")
+    assert batches(dirs[1]) == 60 and batches(dirs[2]) < 30  # stopped, no silent hang
+    status = subprocess.run([sys.executable, "-m", "determined_launch.cli", "experiment",
+                             "--status", str(tmp_path / "exp")], env=base_env(),
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert "1 completed" in status.stdout and "1 failed" in status.stdout, status.stdout
+
+
+def test_entrypoint_and_max_restarts(tmp_path: Path) -> None:
+    """No command: the config's entrypoint runs (issue 15, item 5); a trial that
+    fails once is restarted (max_restarts) and then completes."""
+    cfg = write_config(tmp_path, {"x": 0.7, "layers": 2, "period": 2, "fail_once": True},
+                       {"name": "single", "metric": "loss", "max_length": {"batches": 4}},
+                       entrypoint=f"python3 {SCRIPT}", max_restarts=1)
+    r = experiment(cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trial 1: exit status 3; restart 1 of 1" in r.stdout
+    assert "trial 1: completed, loss=0.25" in r.stdout
+
+
+@pytest.mark.skipif(not hasattr(__import__("determined_launch.core").core, "EarlyExitReason"),
+                    reason="needs core's report_early_exit (issue 15 item 6, branch compat)")
+def test_invalid_hp_ends_the_trial_not_the_experiment(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"invalid": {"type": "categorical", "vals": [False, True]},
+                                  "x": 0.5, "layers": 2, "period": 2},
+                       {"name": "grid", "metric": "loss", "max_length": 4})
+    r = experiment(cfg, *EXEC)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trial 2: invalid hyperparameters (det.InvalidHP)" in r.stdout
+    assert "trial 1: completed" in r.stdout

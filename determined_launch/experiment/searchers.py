@@ -280,9 +280,9 @@ def open_storage(url: Optional[str], default_journal: str) -> Any:
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url),
                                           heartbeat_interval=None)
-    except ImportError as e:
-        raise LaunchError(f"study storage {storage_label(url)}: missing driver ({e.name}); "
-                          "pip install 'determined_launch[search]'") from None
+    except ImportError:
+        raise LaunchError(f"study storage {storage_label(url)}: no database driver for this "
+                          "URL (PostgreSQL: pip install 'determined_launch[search]')") from None
     except Exception as e:  # sqlalchemy's errors carry the driver's reason
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
         raise LaunchError(f"study storage {storage_label(url)} cannot be reached: "

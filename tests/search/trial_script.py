@@ -30,6 +30,11 @@ def main():
     if hp.get("invalid"):
         with core.init():
             raise det.InvalidHP("x is not allowed")
+    marker = pathlib.Path(os.environ["DET_RUN_DIR"], "failed_once")
+    if hp.get("fail_once") and not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        raise SystemExit(3)
     dist = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist = core.DistributedContext.from_torch_distributed()
