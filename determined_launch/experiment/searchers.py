@@ -297,6 +297,11 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
 
 def load_study(storage: Any, name: str, search: Search) -> optuna.Study:
     optuna = require_optuna()
-    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                               direction=search.direction, sampler=search.sampler(),
-                               pruner=search.pruner())
+    try:
+        return optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                   direction=search.direction, sampler=search.sampler(),
+                                   pruner=search.pruner())
+    except optuna.exceptions.DuplicatedStudyError:
+        # Another worker created it between our lookup and our create: use theirs.
+        return optuna.load_study(storage=storage, study_name=name, sampler=search.sampler(),
+                                 pruner=search.pruner())

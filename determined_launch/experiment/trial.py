@@ -25,6 +25,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
@@ -57,8 +58,8 @@ def private_dir(path: pathlib.Path) -> pathlib.Path:
 
 
 def write_private(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Replace ``path`` atomically with a 0600 file (workers may write at once)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
