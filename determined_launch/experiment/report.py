@@ -104,16 +104,16 @@ def plot(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str) -> Optional[
     """``searcher_metric.png``: the metric against length, one line per trial.
     Without matplotlib (the ``[search]`` extra) there is no plot, and one
     line says so."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:  # the object API, not pyplot: no GUI backend, a second less to import
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         print("det-launch: no plot: matplotlib is not installed "
               "(pip install 'determined_launch[search]')")
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = Figure(figsize=(8, 5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for t in visible(trials):
         if not t.intermediate_values:
             continue
@@ -127,7 +127,6 @@ def plot(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str) -> Optional[
         ax.legend(fontsize="small")
     path = exp_dir / "searcher_metric.png"
     fig.savefig(path, dpi=80)
-    plt.close(fig)
     return path
 
 
