@@ -177,3 +177,12 @@ def test_searcher_api_like_determined(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(RuntimeError, match=r"ChiefOnly\) was called on a non-chief"):
             next(iter(worker.operations(searcher_mode=SearcherMode.ChiefOnly)))
         assert [op.length for op in worker.operations()] == [3]
+
+
+def test_docs_list_every_experiment_option() -> None:
+    docs = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "search.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for o in ecli.OPTIONS:
+        row = next((line for line in docs.splitlines() if line.startswith(f"| `{o.flag}")), None)
+        assert row is not None and f"`{o.env}`" in row, o.flag
+        assert o.flag in readme, o.flag

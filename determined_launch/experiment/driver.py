@@ -225,6 +225,7 @@ class Driver:
             self.study.tell(trial, state=states.FAIL)
             return
         if reason == "driver" or (code == EXIT_PREEMPTED and reason is None):
+            trial.set_user_attr(ATTR_OWNER, "")  # any worker may resume it now
             self.s.on_event(f"trial {tid}: preempted; resumable (rerun the same command)")
             if self.stopping == 0:
                 self.stopping = 1  # someone preempted the trial's launcher: stop everything
