@@ -6,6 +6,7 @@
     det-launch [LAUNCHER OPTIONS] exec -- CMD...      (CMD once per node)
     det-launch [--detector D] info
     det-launch checkpoints {list,gc} STORAGE [--remove]   (see storage_cli.py)
+    det-launch experiment CONFIG.yaml [OPTIONS] [{torch,...} [OVERRIDES... --] SCRIPT...]
 
 Launcher options come before the subcommand so they can never be confused
 with the backend's own flags that follow it.
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "--disable-detector", action="append", default=[], metavar="NAME", help="skip a detector"
     )
     config.add_flags(p)
-    p.add_argument("command", choices=[*BACKENDS, "info"])
+    p.add_argument("command", choices=[*BACKENDS, "info", "experiment"])
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
@@ -114,6 +115,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LaunchError as e:
         print(f"det-launch: error: {e}", file=sys.stderr)
         return e.exit_status
+    if ns.command == "experiment":  # its own parser: options may follow CONFIG.yaml
+        from determined_launch.experiment.cli import main as experiment_main
+
+        return experiment_main([*argv[: argv.index("experiment")], *ns.args])
     if ns.command == "info":
         return report_errors(lambda: info_command(options))
     module_name, backend = BACKENDS[ns.command]

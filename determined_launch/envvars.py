@@ -28,6 +28,7 @@ DIST_TRANSPORT = "DET_DIST_TRANSPORT"  # "direct" (default) or "zmq"
 RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)
 CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # shared checkpoint directory
 ALERT_WEBHOOK = "DET_ALERT_WEBHOOK"  # core_context.alert() also POSTs here (http/https URL)
+SEARCHER_UNIT = "DET_SEARCHER_UNIT"  # BATCHES/RECORDS/EPOCHS: get_configured_units()
 
 # Preemption plumbing between a node's launcher and its workers.
 PREEMPT_SIGNAL_FILE = "DET_PREEMPT_SIGNAL_FILE"  # launcher creates it when preemption is requested

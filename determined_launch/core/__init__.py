@@ -20,7 +20,7 @@ from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext, DownloadMode
 from determined_launch.core.distributed import DistributedContext, DistributedError
 from determined_launch.core.preempt import PreemptContext, PreemptMode
-from determined_launch.core.searcher import SearcherContext, SearcherOperation
+from determined_launch.core.searcher import SearcherContext, SearcherMode, SearcherOperation, Unit
 from determined_launch.core.tensorboard import TensorboardMode
 from determined_launch.core.train import TrainContext
 
@@ -45,8 +45,10 @@ __all__ = [
     "ProfilerContext",
     "SearcherContext",
     "SearcherContextMissing",
+    "SearcherMode",
     "SearcherOperation",
     "TensorboardMode",
     "TrainContext",
+    "Unit",
     "init",
 ]

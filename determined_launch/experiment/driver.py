@@ -1,0 +1,345 @@
+"""The search loop: take trials from the study, run them, tell the study.
+
+A plain ``det-launch experiment`` and each ``--worker`` run this same loop;
+they differ only in how many trials they run at once. Everything is decided
+through the study, so any number of processes on any machines can share one
+experiment: a trial number is handed out once by the storage, and a trial
+is claimed by writing its owner into the study.
+
+Resume: a trial left RUNNING by a process that died (same host and its pid
+gone, or no heartbeat for ``LEASE`` seconds) is claimed again and rerun
+with ``latest_checkpoint`` set, so it continues from its last checkpoint.
+Finished trials (complete, stopped by ASHA, invalid, failed) are never rerun.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import sys
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import Any, Callable, Optional
+
+from determined_launch import envvars
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.errors import EXIT_PREEMPTED, EXIT_USAGE, LaunchError
+from determined_launch.experiment import searchers as se
+from determined_launch.experiment.expconf import ExperimentConfig
+from determined_launch.experiment.trial import MetricError, TrialProcess, TrialSpec
+
+#: seconds between heartbeats of a running trial's owner
+HEARTBEAT = 10.0
+#: a RUNNING trial whose owner has not beaten for this long is abandoned
+LEASE = 60.0
+POLL = 0.05
+ATTR_OWNER = "det_owner"
+ATTR_BEAT = "det_heartbeat"
+ATTR_SLOT = "det_slot"
+
+
+@dataclasses.dataclass
+class DriverSetup:
+    conf: ExperimentConfig
+    exp_dir: pathlib.Path
+    storage_url: Optional[str]
+    info: ClusterInfo
+    flags: Sequence[str]  # launcher flags for every trial
+    command: str
+    args: Sequence[str]
+    concurrency: int
+    checkpoint_storage: str
+    on_event: Callable[[str], None] = print
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{time.time():.3f}"
+
+
+def owner_alive(owner: str, beat: float, now: float) -> bool:
+    host, _, rest = owner.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return now - beat < LEASE * 10  # a recycled pid of a stuck host is still bounded
+    return now - beat < LEASE
+
+
+class Driver:
+    def __init__(self, setup: DriverSetup) -> None:
+        self.s = setup
+        self.search = se.Search(setup.conf)
+        storage = se.open_storage(setup.storage_url, str(setup.exp_dir / "study.journal"))
+        try:
+            self.study = se.load_study(storage, setup.conf.name, self.search)
+        except LaunchError:
+            raise
+        except Exception as e:  # the storage answered but refused (permissions, schema)
+            raise LaunchError(f"study storage {se.storage_label(setup.storage_url)}: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                              ) from None
+        self.optuna = se.require_optuna()
+        self.owner = owner_id()
+        self.experiment_id = zlib.crc32(setup.conf.name.encode()) & 0x7FFFFFFF
+        self.running: dict[int, tuple[Any, TrialProcess]] = {}
+        self.restarts: dict[int, int] = {}
+        self.stopping = 0  # number of stop signals received
+        self.error: Optional[LaunchError] = None
+        self.failures = 0
+        self._beat = time.monotonic()
+
+    # -- choosing the next trial -------------------------------------------------
+
+    def _trials(self) -> list[Any]:
+        return list(self.study.get_trials(deepcopy=False))
+
+    def _excluded(self, t: Any) -> bool:
+        # Surplus trials never run; invalid ones are replaced (except grid points).
+        if t.user_attrs.get(se.ATTR_SURPLUS):
+            return True
+        return bool(t.user_attrs.get(se.ATTR_INVALID)) and not self.search.grid
+
+    def _claim_abandoned(self) -> Optional[Any]:
+        now = time.time()
+        mine = set(self.running)
+        for t in self._trials():
+            if (t.state.name != "RUNNING" or t.number in mine
+                    or t.user_attrs.get(se.ATTR_SURPLUS) or ATTR_SLOT not in t.user_attrs):
+                continue
+            owner = str(t.user_attrs.get(ATTR_OWNER, ""))
+            if owner and owner_alive(owner, float(t.user_attrs.get(ATTR_BEAT, 0)), now):
+                continue
+            trial = self.optuna.trial.Trial(self.study, t._trial_id)
+            trial.set_user_attr(ATTR_OWNER, self.owner)
+            trial.set_user_attr(ATTR_BEAT, time.time())
+            time.sleep(0.2)  # two claimers: the later write wins, and both read it back
+            latest = self.study._storage.get_trial(t._trial_id)
+            if latest.user_attrs.get(ATTR_OWNER) == self.owner and latest.state.name == "RUNNING":
+                self.s.on_event(f"trial {t.number + 1}: resuming (its last owner stopped)")
+                return trial
+        return None
+
+    def _ask(self) -> Optional[Any]:
+        trials = self._trials()
+        slot_base = [t for t in trials if not self._excluded(t)]
+        if len(slot_base) >= self.search.max_trials:
+            return None
+        trial = self.study.ask()
+        before = [t for t in self._trials() if t.number < trial.number and not self._excluded(t)]
+        slot = len(before)
+        if slot >= self.search.max_trials:
+            trial.set_user_attr(se.ATTR_SURPLUS, True)  # lost a race with another worker
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            return None
+        trial.set_user_attr(ATTR_SLOT, slot)
+        trial.set_user_attr(ATTR_OWNER, self.owner)
+        trial.set_user_attr(ATTR_BEAT, time.time())
+        if self.search.brackets:
+            trial.set_user_attr(se.ATTR_BRACKET, se.bracket_of(slot, self.search.per_bracket))
+        for name, dist in self.search.distributions().items():
+            _suggest(trial, name, dist)
+        searched = self.search.searched(trial.params)
+        try:
+            json.dumps(searched)
+            trial.set_user_attr(se.ATTR_HPARAMS, searched)
+        except (TypeError, ValueError):
+            pass  # shown as Optuna's params instead
+        return trial
+
+    def next_trial(self) -> Optional[Any]:
+        return self._claim_abandoned() or self._ask()
+
+    # -- running -----------------------------------------------------------------
+
+    def _spec(self, trial: Any) -> TrialSpec:
+        params = self.study._storage.get_trial(trial._trial_id).params
+        seed = (self.s.conf.experiment_seed * 1_000_003 + trial.number) % 2**31
+        return TrialSpec(number=trial.number, hparams=self.search.hparams(params), seed=seed,
+                         experiment_id=self.experiment_id,
+                         max_length=self.s.conf.searcher.max_length)
+
+    def _start(self, trial: Any) -> None:
+        searcher = self.s.conf.searcher
+        proc = TrialProcess(self._spec(trial), self.s.exp_dir, searcher.metric,
+                            searcher.time_metric)
+        from determined_launch.experiment.trial import launcher_argv
+
+        env = dict(os.environ)
+        env.pop(envvars.SEARCHER_UNIT, None)
+        if searcher.unit is not None:
+            env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
+        proc.start(self.s.info, launcher_argv(self.s.flags, self.s.command, self.s.args),
+                   env, self.s.checkpoint_storage)
+        self.running[trial.number] = (trial, proc)
+        self.s.on_event(f"trial {proc.spec.trial_id}: started, hparams "
+                        f"{json.dumps(proc.spec.hparams, sort_keys=True)}")
+
+    def _observe(self, trial: Any, proc: TrialProcess) -> None:
+        try:
+            reports = proc.new_reports()
+        except MetricError as e:
+            if self.error is None:
+                self.error = e
+            proc.request_stop("error")
+            return
+        if not reports:
+            return
+        done = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
+        for r in reports:
+            if r.length in done or proc.stop_reason is not None:
+                continue
+            trial.report(r.value, r.length)
+            done[r.length] = r.value
+            top = self.s.conf.searcher.max_length
+            if top is not None and r.length >= top:
+                proc.request_stop("done")  # 0.38's max_time: the searcher ends the trial
+            elif trial.should_prune():
+                proc.request_stop("pruned")
+                self.s.on_event(f"trial {proc.spec.trial_id}: stopped by ASHA at length "
+                                f"{r.length} ({self.s.conf.searcher.metric}={r.value:g})")
+
+    def _finish(self, number: int, code: int) -> None:
+        trial, proc = self.running.pop(number)
+        self._observe(trial, proc)
+        states = self.optuna.trial.TrialState
+        tid = proc.spec.trial_id
+        values = self.study._storage.get_trial(trial._trial_id).intermediate_values
+        last = values[max(values)] if values else None
+        reason = proc.stop_reason
+        if reason == "pruned":
+            self.study.tell(trial, state=states.PRUNED)
+            return
+        if reason == "error":
+            trial.set_user_attr(se.ATTR_ERROR, str(self.error))
+            self.study.tell(trial, state=states.FAIL)
+            return
+        if reason == "driver" or (code == EXIT_PREEMPTED and reason is None):
+            trial.set_user_attr(ATTR_OWNER, "")  # any worker may resume it now
+            self.s.on_event(f"trial {tid}: preempted; resumable (rerun the same command)")
+            if self.stopping == 0:
+                self.stopping = 1  # someone preempted the trial's launcher: stop everything
+            return
+        if code == 0 and proc.invalid_hp():
+            trial.set_user_attr(se.ATTR_INVALID, True)
+            self.study.tell(trial, state=states.FAIL)
+            self.s.on_event(f"trial {tid}: invalid hyperparameters (det.InvalidHP)")
+            return
+        if code in (0, EXIT_PREEMPTED) and reason in (None, "done"):
+            if last is None:
+                trial.set_user_attr(se.ATTR_ERROR, f"reported no {self.s.conf.searcher.metric}")
+                self.study.tell(trial, state=states.FAIL)
+                self.failures += 1
+                self.s.on_event(f"trial {tid}: finished without reporting "
+                                f"{self.s.conf.searcher.metric!r}; see {proc.log_path}")
+                return
+            self.study.tell(trial, last)
+            self.s.on_event(f"trial {tid}: completed, {self.s.conf.searcher.metric}={last:g}")
+            return
+        restarts = self.restarts.get(number, 0)
+        if restarts < self.s.conf.max_restarts and self.stopping == 0:
+            self.restarts[number] = restarts + 1
+            self.s.on_event(f"trial {tid}: exit status {code}; restart {restarts + 1} of "
+                            f"{self.s.conf.max_restarts} from its last checkpoint")
+            self._start(trial)
+            return
+        trial.set_user_attr(se.ATTR_ERROR, f"exit status {code}")
+        self.study.tell(trial, state=states.FAIL)
+        self.failures += 1
+        self.s.on_event(f"trial {tid}: failed with exit status {code}; see {proc.log_path}\n"
+                        f"{proc.tail()}")
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._beat < HEARTBEAT:
+            return
+        self._beat = now
+        for trial, _ in self.running.values():
+            trial.set_user_attr(ATTR_BEAT, time.time())
+
+    def _on_signal(self, signum: int, _frame: Optional[FrameType]) -> None:
+        self.stopping += 1
+
+    def run(self, tick: Callable[[], None] = lambda: None) -> int:
+        """Run trials until the search is done; the experiment's exit status."""
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        stopped_trials = False
+        try:
+            while True:
+                if self.stopping and not stopped_trials:
+                    stopped_trials = True
+                    for _, proc in self.running.values():
+                        proc.request_stop("driver")
+                if self.stopping > 1:
+                    for _, proc in self.running.values():
+                        proc.terminate()
+                while (not self.stopping and self.error is None
+                       and len(self.running) < self.s.concurrency):
+                    trial = self.next_trial()
+                    if trial is None:
+                        break
+                    self._start(trial)
+                if not self.running:
+                    break
+                for number, (trial, proc) in list(self.running.items()):
+                    code = proc.poll()
+                    if code is None:
+                        self._observe(trial, proc)
+                    else:
+                        self._finish(number, code)
+                self._heartbeat()
+                tick()
+                time.sleep(POLL)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        if self.error is not None:
+            raise self.error
+        if self.stopping:
+            return EXIT_PREEMPTED
+        return 1 if self.failures and not self._succeeded() else 0
+
+    def _succeeded(self) -> bool:
+        return any(t.state.name in ("COMPLETE", "PRUNED") for t in self._trials())
+
+
+def _suggest(trial: Any, name: str, dist: Any) -> Any:
+    kind = type(dist).__name__
+    if kind == "IntDistribution":
+        return trial.suggest_int(name, dist.low, dist.high)
+    if kind == "FloatDistribution":
+        return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
+    return trial.suggest_categorical(name, dist.choices)
+
+
+def write_experiment_file(exp_dir: pathlib.Path, conf: ExperimentConfig,
+                          storage_url: Optional[str]) -> None:
+    """What ``--status DIR`` needs to find the study (the storage without its password)."""
+    record = {"name": conf.name, "config": str(conf.path.absolute()),
+              "storage": se.storage_label(storage_url) if storage_url else None,
+              "storage_has_password": se.storage_label(storage_url) != (storage_url or
+                                                                        se.storage_label(None)),
+              "searcher": dataclasses.asdict(conf.searcher)}
+    from determined_launch.experiment.trial import write_private
+
+    write_private(exp_dir / "experiment.json", json.dumps(record, indent=1) + "\n")
+
+
+def usage_error(message: str) -> int:
+    print(f"det-launch: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def as_mapping(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}

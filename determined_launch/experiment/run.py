@@ -1,0 +1,169 @@
+"""Putting an experiment together: config, cluster, study, driver, and the end report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from determined_launch import config
+from determined_launch.cluster.detect import detect
+from determined_launch.errors import LaunchError
+from determined_launch.experiment import expconf, report
+from determined_launch.experiment import searchers as se
+from determined_launch.experiment.cli import entrypoint_command, trial_flags
+from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
+from determined_launch.experiment.trial import private_dir, write_private
+from determined_launch.launcher import LauncherOptions, detection_env
+
+
+def _checkpoint_storage(conf: expconf.ExperimentConfig, exp_dir: pathlib.Path) -> str:
+    """The config's ``checkpoint_storage`` for ``DET_CHECKPOINT_STORAGE``: a
+    string as is, a block as a YAML file beside the experiment (the storage
+    layer reads it; this layer never interprets storage), else a directory."""
+    raw = conf.checkpoint_storage
+    if raw is None:
+        return str(exp_dir / "checkpoints")
+    if isinstance(raw, str):
+        return raw
+    path = exp_dir / "checkpoint_storage.yaml"
+    write_private(path, json.dumps(raw, indent=1) + "\n")  # JSON is YAML
+    return str(path)
+
+
+class _Live:
+    """The trial table on a terminal, redrawn at most once a second; one line
+    per event otherwise (logs, CI)."""
+
+    def __init__(self, driver: Optional[Driver], metric: str, smaller: bool) -> None:
+        self.driver = driver
+        self.metric = metric
+        self.smaller = smaller
+        self.tty = sys.stdout.isatty()
+        self._last = 0.0
+        self._lines = 0
+
+    def event(self, text: str) -> None:
+        if not self.tty:
+            print(f"det-launch experiment: {text}", flush=True)
+
+    def tick(self) -> None:
+        if not self.tty or self.driver is None or time.monotonic() - self._last < 1.0:
+            return
+        self._last = time.monotonic()
+        table = report.render_table(self.driver._trials(), self.metric, self.smaller)
+        sys.stdout.write(f"\x1b[{self._lines}F\x1b[J" if self._lines else "")
+        sys.stdout.write(table + "\n")
+        sys.stdout.flush()
+        self._lines = table.count("\n") + 1
+
+
+def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequence[str]) -> int:
+    conf = expconf.load(ns.config)
+    if ns.worker and opts["max_concurrent"] is None:
+        concurrency = 1
+    else:
+        concurrency = opts["max_concurrent"] or conf.searcher.max_concurrent_trials
+    if command:
+        sub, args = command[0], list(command[1:])
+    elif conf.entrypoint is not None:
+        sub, args = entrypoint_command(conf.entrypoint, str(conf.path))
+    else:
+        raise LaunchError(f"{conf.path}: no command after the config and no entrypoint in it")
+    resolved = config.resolve(os.environ, config.flag_values(ns))
+    if resolved["slots"] is None and conf.slots_per_trial is not None:
+        resolved["slots"] = conf.slots_per_trial
+    options = LauncherOptions.from_values(resolved, detector=ns.detector,
+                                          disabled_detectors=tuple(ns.disable_detector))
+    info = detect(detection_env(options, os.environ), force=options.detector,
+                  disable=options.disabled_detectors).info
+    if not info.single_node:
+        raise LaunchError(f"this job has {info.num_nodes} nodes; det-launch experiment runs "
+                          "each trial on its own node (run one --worker per node, e.g. a SLURM "
+                          "array)")
+    exp_dir = pathlib.Path(opts["experiment_dir"] or pathlib.Path("det_experiments", conf.name))
+    exp_dir = private_dir(exp_dir.absolute())
+    if conf.ignored:
+        print(f"det-launch experiment: ignoring Determined-only fields: "
+              f"{', '.join(conf.ignored)}", file=sys.stderr)
+    write_experiment_file(exp_dir, conf, opts["study_storage"])
+    live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better)
+    setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
+                        info=info, flags=trial_flags(ns), command=sub, args=args,
+                        concurrency=concurrency,
+                        checkpoint_storage=_checkpoint_storage(conf, exp_dir),
+                        on_event=live.event)
+    driver = Driver(setup)
+    live.driver = driver
+    watch = resolved["preempt_file"]
+
+    def tick() -> None:
+        _watch_preempt(driver, watch)
+        live.tick()
+
+    status = driver.run(tick=tick)
+    live.tick()
+    _final(driver._trials(), exp_dir, conf, ns.worker)
+    return status
+
+
+def _watch_preempt(driver: Driver, path: Optional[str]) -> None:
+    # --preempt-file is the experiment's: it preempts every trial, and the search stops.
+    if path and not driver.stopping and os.path.exists(path):
+        driver.stopping = 1
+
+
+def _final(trials: Sequence[Any], exp_dir: pathlib.Path, conf: expconf.ExperimentConfig,
+           worker: bool) -> None:
+    s = conf.searcher
+    if sys.stdout.isatty() is False:
+        print(report.render_table(trials, s.metric, s.smaller_is_better), flush=True)
+    plot = report.plot(trials, exp_dir, s.metric)
+    if plot is not None:
+        print(f"det-launch experiment: plot {plot}")
+    best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
+    if best is None:
+        print("det-launch experiment: no completed trial yet")
+        return
+    path = report.write_best(best, exp_dir)
+    print(f"det-launch experiment: best trial {best['trial_id']}: {s.metric}={best['value']:g} "
+          f"hparams {json.dumps(best['hparams'], sort_keys=True)} checkpoint "
+          f"{best['checkpoint']} ({path})", flush=True)
+
+
+def status(exp_dir: pathlib.Path, storage_url: Optional[str]) -> int:
+    """``--status DIR``: the table and the best trial, running or finished."""
+    try:
+        record = json.loads((exp_dir / "experiment.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise LaunchError(f"--status {exp_dir}: not an experiment directory (no readable "
+                          "experiment.json)") from None
+    url = storage_url or record.get("storage")
+    if url and record.get("storage_has_password") and not storage_url:
+        raise LaunchError(f"--status {exp_dir}: the study is in {url}; give its URL with "
+                          "--study-storage (the password is never written to the directory)")
+    storage = se.open_storage(url, str(exp_dir / "study.journal"))
+    optuna = se.require_optuna()
+    try:
+        study = optuna.load_study(study_name=record["name"], storage=storage)
+    except KeyError:
+        raise LaunchError(f"--status {exp_dir}: no study {record['name']!r} in "
+                          f"{se.storage_label(url)}") from None
+    trials = study.get_trials(deepcopy=False)
+    s = expconf.SearcherConfig(**{**record["searcher"],
+                                  "bracket_rungs": tuple(record["searcher"]["bracket_rungs"])})
+    print(report.render_table(trials, s.metric, s.smaller_is_better))
+    counts: dict[str, int] = {}
+    for t in report.visible(trials):
+        counts[report.state_of(t)] = counts.get(report.state_of(t), 0) + 1
+    print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no trials yet")
+    best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
+    if best is not None:
+        print(f"best trial {best['trial_id']}: {s.metric}={best['value']:g} hparams "
+              f"{json.dumps(best['hparams'], sort_keys=True)} checkpoint {best['checkpoint']}")
+    return 0

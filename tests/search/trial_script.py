@@ -1,0 +1,78 @@
+"""A tiny Core API trial for the search tests: no torch, milliseconds per step.
+
+Its searcher metric is a known function of its hparams (minimum at x=0.7,
+layers=2) that improves with training length, so ASHA's choices can be
+checked. It resumes from its latest checkpoint and stops on preemption.
+"""
+
+import json
+import os
+import pathlib
+import time
+
+import determined_launch as det
+from determined_launch import core
+
+
+def loss(hp, step):
+    return (hp.get("x", 0.7) - 0.7) ** 2 + 0.1 * abs(hp.get("layers", 2) - 2) + 1.0 / step
+
+
+def save(ctx, step):
+    if ctx.distributed.rank == 0:
+        with ctx.checkpoint.store_path({"step": step}) as (path, _):
+            (pathlib.Path(path) / "state.json").write_text(json.dumps({"step": step}))
+
+
+def main():
+    info = det.get_cluster_info()
+    hp = info.trial.hparams
+    if hp.get("invalid"):
+        with core.init():
+            raise det.InvalidHP("x is not allowed")
+    marker = pathlib.Path(os.environ["DET_RUN_DIR"], "failed_once")
+    if hp.get("fail_once") and not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        raise SystemExit(3)
+    dist = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist = core.DistributedContext.from_torch_distributed()
+    period = int(hp.get("period", 4))
+    metric = hp.get("metric_name", "loss")
+    with core.init(distributed=dist) as ctx:
+        with open(os.environ["DET_RUN_DIR"] + "/ranks.log", "a") as f:
+            f.write(f"{ctx.distributed.rank}/{ctx.distributed.size}\n")
+        step = 0
+        if info.latest_checkpoint:
+            with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
+                step = json.loads((pathlib.Path(path) / "state.json").read_text())["step"]
+        stop = False
+        length = int(os.environ.get("DET_TEST_LENGTH") or info.trial.max_length)
+        ckpt_every = int(hp.get("ckpt_every", 0))
+        ops = ctx.searcher.operations() if hp.get("ops", True) else [None]
+        for op in ops:
+            target = op.length if op is not None else length
+            while step < target:
+                step += 1
+                time.sleep(float(hp.get("sleep", 0.0)))
+                if ctx.distributed.rank == 0:
+                    with open(os.environ["DET_RUN_DIR"] + "/batches.log", "a") as f:
+                        f.write("1\n")
+                if step % period == 0 and ctx.distributed.rank == 0:
+                    ctx.train.report_validation_metrics(
+                        step, {metric: loss(hp, step), "batches": step})
+                if ckpt_every and step % ckpt_every == 0:
+                    save(ctx, step)
+                if ctx.preempt.should_preempt():
+                    save(ctx, step)
+                    stop = True
+                    break
+            if stop:
+                break
+            if op is not None and ctx.distributed.rank == 0:
+                op.report_completed(loss(hp, step))
+
+
+if __name__ == "__main__":
+    main()
