@@ -18,8 +18,8 @@ from determined_launch.core._experimental import (
 )
 from determined_launch.core._profiler import DummyProfilerContext, ProfilerContext
 from determined_launch.core._rundir import RunDir
-from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core._storage_setup import build_storage
+from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.preempt import DEFAULT_SYNC_PERIOD, PreemptContext, PreemptMode
 from determined_launch.core.searcher import SearcherContext
