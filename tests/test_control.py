@@ -51,11 +51,11 @@ def test_messages_flow_both_ways(chief: ChiefLink) -> None:
     node = NodeLink("127.0.0.1", port_of(chief), 1, SECRET, connect_timeout=5)
     try:
         wait_for(lambda: chief.connected_nodes == {1})
-        node.send({"type": "failed", "node": 2, "status": 3})
+        node.deliver({"type": "failed", "node": 2, "status": 3})  # a node sends to the chief
         wait_for(lambda: any(m.get("type") == "failed" for m in chief.inbox))
         failed = [m for m in chief.inbox if m["type"] == "failed"][0]
         assert failed["node"] == 1  # the connection's node, not the claimed one
-        chief.broadcast({"type": "abort"})
+        chief.deliver({"type": "abort"})  # the chief broadcasts
         wait_for(lambda: any(m.get("type") == "abort" for m in node.inbox))
     finally:
         node.close()
