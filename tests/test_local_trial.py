@@ -264,3 +264,14 @@ def test_pointer_forms(tmp_path: pathlib.Path) -> None:
     assert latest_committed(run, None, trial) == "old"  # unverifiable: the committed one
     pointer.write_text(json.dumps({"storage_id": "../etc"}))
     assert latest_committed(run, None, trial) is None
+
+
+def test_flags_and_variables_reach_the_launcher_options() -> None:
+    from determined_launch import config
+    from determined_launch.launcher import LauncherOptions
+
+    flags = {"hparams": '{"a": 1}', "config": "exp.yaml", "fresh": True}
+    opts = LauncherOptions.from_values(config.resolve({}, flags)).local_trial
+    assert opts == LocalTrialOptions(hparams='{"a": 1}', config="exp.yaml", fresh=True)
+    env = {"DET_LAUNCH_HPARAMS": "hp.json", "DET_LAUNCH_FRESH": "no"}
+    assert LauncherOptions.from_env(env).local_trial == LocalTrialOptions(hparams="hp.json")
