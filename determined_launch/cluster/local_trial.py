@@ -162,13 +162,19 @@ def local_trial(opts: LocalTrialOptions) -> TrialInfo:
     return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed, local=True)
 
 
+def default_run_dir(trial: Optional[TrialInfo]) -> pathlib.Path:
+    """``./det_runs/local`` for the local trial (or none), ``./det_runs/trial-<id>``
+    for a trial the scheduler or a file named. The one rule ``core.init`` and
+    the launchers share."""
+    name = LOCAL_RUN_NAME if trial is None or trial.local else f"trial-{trial.trial_id}"
+    return pathlib.Path(RUNS_ROOT, name).absolute()
+
+
 def run_dir_for(trial: TrialInfo, env: Mapping[str, str]) -> pathlib.Path:
-    """``DET_RUN_DIR``, else ``./det_runs/local`` for the local trial and
-    ``./det_runs/trial-<id>`` for a trial the scheduler or a file named."""
+    """``DET_RUN_DIR``, else the default run directory."""
     if env.get(envvars.RUN_DIR):
         return pathlib.Path(env[envvars.RUN_DIR]).expanduser().absolute()
-    name = LOCAL_RUN_NAME if trial.local else f"trial-{trial.trial_id}"
-    return pathlib.Path(RUNS_ROOT, name).absolute()
+    return default_run_dir(trial)
 
 
 def _storage_dir(info: ClusterInfo, env: Mapping[str, str],
