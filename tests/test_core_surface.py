@@ -171,7 +171,12 @@ def test_the_launcher_checks_the_webhook_before_starting() -> None:
 def test_dummy_contexts(tmp_path: pathlib.Path) -> None:
     dist = core.DummyDistributedContext()
     assert (dist.rank, dist.size, dist.allgather(5)) == (0, 1, [5])
-    assert not core.DummyPreemptContext(dist).should_preempt()
+    with pytest.raises(RuntimeError, match="before start"):
+        core.DummyPreemptContext(dist).should_preempt()
+    with core.DummyPreemptContext(dist) as preempt:
+        assert not preempt.should_preempt()
+        preempt.request_preemption()
+        assert preempt.should_preempt()
     ckpt = core.DummyCheckpointContext(dist, tmp_path / "store")
     (tmp_path / "store").mkdir()
     with ckpt.store_path({"steps_completed": 1}) as (path, storage_id):

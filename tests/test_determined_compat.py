@@ -124,3 +124,15 @@ def test_exec_keeps_the_commands_own_separator() -> None:
     ns = _parser().parse_args(argv)
     _keep_separator(argv, ns)
     assert ns.args == argv[1:]
+
+
+@pytest.mark.slow
+def test_determined_torch_distributed_entrypoint_runs_ours(tmp_path: Path) -> None:
+    """A config's ``entrypoint: python3 -m determined.launch.torch_distributed -- ...``
+    under ``det-launch exec``: the inner launcher takes the outer's resolved info."""
+    code = "import determined_launch as det; print('trial', det.get_cluster_info().trial.hparams)"
+    r = _run([sys.executable, "-m", "determined_launch.cli", "--hparams", '{"a": 1}', "exec",
+              "--", sys.executable, "-m", "determined.launch.torch_distributed", "--",
+              sys.executable, "-c", code], base_env())
+    assert r.returncode == 0, r.stderr
+    assert "[rank=0] trial {'a': 1}" in r.stdout

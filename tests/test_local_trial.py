@@ -244,3 +244,34 @@ def test_info_shows_what_the_workers_get(tmp_path: pathlib.Path) -> None:
              tmp_path)
     trial = json.loads(r.stdout)["cluster_info"]["trial"]
     assert r.returncode == 0 and trial["hparams"] == {"a": 1} and trial["local"] is True
+
+
+def test_pointer_forms(tmp_path: pathlib.Path) -> None:
+    """``pending`` (a commit under way) wins when committed; object storage is trusted."""
+    from determined_launch.cluster.local_trial import latest_committed
+
+    trial = det.TrialInfo(trial_id=0, hparams={}, local=True)
+    run, store = tmp_path / "run", tmp_path / "store"
+    run.mkdir()
+    (store / "old").mkdir(parents=True)
+    (store / "old" / "metadata.json").write_text("{}")
+    pointer = run / "latest_checkpoint.json"
+    pointer.write_text(json.dumps({"storage_id": "old", "pending": "new"}))
+    assert latest_committed(run, store, trial) == "old"  # "new" never committed
+    (store / "new").mkdir()
+    (store / "new" / "metadata.json").write_text("{}")
+    assert latest_committed(run, store, trial) == "new"
+    assert latest_committed(run, None, trial) == "old"  # unverifiable: the committed one
+    pointer.write_text(json.dumps({"storage_id": "../etc"}))
+    assert latest_committed(run, None, trial) is None
+
+
+def test_flags_and_variables_reach_the_launcher_options() -> None:
+    from determined_launch import config
+    from determined_launch.launcher import LauncherOptions
+
+    flags = {"hparams": '{"a": 1}', "config": "exp.yaml", "fresh": True}
+    opts = LauncherOptions.from_values(config.resolve({}, flags)).local_trial
+    assert opts == LocalTrialOptions(hparams='{"a": 1}', config="exp.yaml", fresh=True)
+    env = {"DET_LAUNCH_HPARAMS": "hp.json", "DET_LAUNCH_FRESH": "no"}
+    assert LauncherOptions.from_env(env).local_trial == LocalTrialOptions(hparams="hp.json")

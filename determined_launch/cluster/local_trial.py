@@ -162,24 +162,51 @@ def local_trial(opts: LocalTrialOptions) -> TrialInfo:
     return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed, local=True)
 
 
-def run_dir_for(trial: TrialInfo, env: Mapping[str, str]) -> pathlib.Path:
-    """``DET_RUN_DIR``, else ``./det_runs/local`` for the local trial and
-    ``./det_runs/trial-<id>`` for a trial the scheduler or a file named."""
-    if env.get(envvars.RUN_DIR):
-        return pathlib.Path(env[envvars.RUN_DIR]).expanduser().absolute()
-    name = LOCAL_RUN_NAME if trial.local else f"trial-{trial.trial_id}"
+def default_run_dir(trial: Optional[TrialInfo]) -> pathlib.Path:
+    """``./det_runs/local`` for the local trial (or none), ``./det_runs/trial-<id>``
+    for a trial the scheduler or a file named. The one rule ``core.init`` and
+    the launchers share."""
+    name = LOCAL_RUN_NAME if trial is None or trial.local else f"trial-{trial.trial_id}"
     return pathlib.Path(RUNS_ROOT, name).absolute()
 
 
-def latest_committed(run_dir: pathlib.Path, env: Mapping[str, str],
+def run_dir_for(trial: TrialInfo, env: Mapping[str, str]) -> pathlib.Path:
+    """``DET_RUN_DIR``, else the default run directory."""
+    if env.get(envvars.RUN_DIR):
+        return pathlib.Path(env[envvars.RUN_DIR]).expanduser().absolute()
+    return default_run_dir(trial)
+
+
+def _storage_dir(info: ClusterInfo, env: Mapping[str, str],
+                 run_dir: pathlib.Path) -> Optional[pathlib.Path]:
+    """The checkpoint directory ``core.init`` would use, when it is one we
+    can look into; ``None`` for object storage and storage blocks."""
+    raw = (env.get(envvars.CHECKPOINT_STORAGE) or getattr(info, "checkpoint_storage", None)
+           or str(run_dir.parent / "checkpoints"))
+    if not isinstance(raw, str):
+        return None
+    if raw.startswith("file://"):
+        raw = raw[len("file://"):]
+    if "://" in raw:
+        return None
+    return pathlib.Path(raw).expanduser().absolute()
+
+
+def latest_committed(run_dir: pathlib.Path, storage: Optional[pathlib.Path],
                      trial: TrialInfo) -> Optional[str]:
-    """The run directory's newest committed checkpoint of ``trial``, if any."""
+    """The run directory's newest committed checkpoint of ``trial``, if any.
+
+    ``latest_checkpoint.json`` names it under ``storage_id`` (while a commit
+    is under way, the new one under ``pending``). Where the storage is a
+    directory, the checkpoint must still be there; elsewhere the pointer,
+    written only after a commit, is trusted.
+    """
     try:
         with open(run_dir / LATEST_POINTER_FILE, encoding="utf-8") as f:
             pointer = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(pointer, dict) or not isinstance(pointer.get("storage_id"), str):
+    if not isinstance(pointer, dict):
         return None
     # Same trial: same id and same hyperparameters (pointers written before
     # either was recorded match any trial).
@@ -190,12 +217,16 @@ def latest_committed(run_dir: pathlib.Path, env: Mapping[str, str],
     if recorded_hparams is not None and recorded_hparams != json.loads(
             json.dumps(dict(trial.hparams), default=str)):
         return None
-    storage_id: str = pointer["storage_id"]
-    storage = env.get(envvars.CHECKPOINT_STORAGE) or str(run_dir.parent / "checkpoints")
-    if "://" in storage:  # object storage: the pointer is written only after the commit
-        return storage_id
-    path = pathlib.Path(storage).expanduser().absolute() / storage_id
-    return storage_id if (path / METADATA_FILE).is_file() else None
+    for key in ("pending", "storage_id"):
+        storage_id = pointer.get(key)
+        if not isinstance(storage_id, str) or "/" in storage_id or storage_id.startswith("."):
+            continue
+        if storage is None:
+            if key == "storage_id":
+                return storage_id
+        elif (storage / storage_id / METADATA_FILE).is_file():
+            return storage_id
+    return None
 
 
 def complete(
@@ -216,7 +247,7 @@ def complete(
     latest = info.latest_checkpoint
     if latest is None and not opts.fresh:
         run_dir = run_dir_for(trial, env)
-        latest = latest_committed(run_dir, env, trial)
+        latest = latest_committed(run_dir, _storage_dir(info, env, run_dir), trial)
         if latest is not None and say is not None:
             say(f"resuming trial {trial.trial_id} from checkpoint {latest}, the newest in "
                 f"{run_dir} (--fresh / {FRESH_ENV}=1 starts over)")

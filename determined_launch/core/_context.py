@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional
 from determined_launch import envvars
 from determined_launch._user import InvalidHP
 from determined_launch.cluster import ClusterInfo, get_cluster_info
+from determined_launch.cluster.local_trial import RUNS_ROOT, default_run_dir
 from determined_launch.core._alerts import send_alert
 from determined_launch.core._dist import Collectives
 from determined_launch.core._experimental import (
@@ -35,7 +36,7 @@ RUN_DIR_ENV = envvars.RUN_DIR
 #: Directory holding checkpoints (shared by all nodes that write or restore).
 CHECKPOINT_STORAGE_ENV = envvars.CHECKPOINT_STORAGE
 #: Parent of the default run directories, relative to the working directory.
-DEFAULT_RUNS_ROOT = "det_runs"
+DEFAULT_RUNS_ROOT = RUNS_ROOT
 
 
 class Context:
@@ -128,9 +129,7 @@ def resolve_run_dir(run_dir: Optional[str], info: ClusterInfo) -> pathlib.Path:
         return _directory(str(run_dir), "core.init(run_dir=...)")
     if os.environ.get(RUN_DIR_ENV):
         return _directory(os.environ[RUN_DIR_ENV], f"environment variable {RUN_DIR_ENV}")
-    trial = info.trial
-    name = "local" if trial is None or trial.local else f"trial-{trial.trial_id}"
-    return pathlib.Path(DEFAULT_RUNS_ROOT, name).absolute()
+    return default_run_dir(info.trial)
 
 
 def resolve_checkpoint_storage(

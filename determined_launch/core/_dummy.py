@@ -65,11 +65,36 @@ class DummyDistributedContext(DistributedContext):
 
 
 class DummyPreemptContext(PreemptContext):
-    """Watches no launcher files: only ``request_preemption()`` preempts."""
+    """Never preempts (unless ``request_preemption()`` on the chief), with
+    Determined's synchronization: in ``WorkersAskChief`` mode the chief
+    broadcasts its answer and the workers receive it, so code tested with it
+    makes the same collectives as on a cluster; ``ChiefOnly`` refuses workers;
+    ``should_preempt()`` before ``start()`` is an error."""
 
     def __init__(self, dist: Collectives,
                  preempt_mode: PreemptMode = PreemptMode.WorkersAskChief) -> None:
         super().__init__(dist, preempt_mode)
+        self._started = False
+
+    def start(self) -> PreemptContext:
+        self._started = True
+        return self
+
+    def should_preempt(self, auto_ack: bool = True, block: bool = True) -> bool:
+        if not self._started:
+            raise RuntimeError("you cannot call should_preempt() before start() "
+                               "(or entering the context)")
+        answer = self._requested is not None
+        if self._dist.rank == 0:
+            if self.mode == PreemptMode.WorkersAskChief:
+                self._dist.broadcast(answer)
+            return answer
+        if self.mode == PreemptMode.ChiefOnly:
+            raise RuntimeError(f"should_preempt() called from non-chief rank {self._dist.rank}, "
+                               "but preempt_mode is ChiefOnly")
+        if self.mode == PreemptMode.WorkersAskChief:
+            return bool(self._dist.broadcast(None))
+        return answer
 
 
 class _NullRunDir(RunDir):
