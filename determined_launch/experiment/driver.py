@@ -38,7 +38,8 @@ from determined_launch.experiment.trial import MetricError, TrialProcess, TrialS
 HEARTBEAT = 10.0
 #: a RUNNING trial whose owner has not beaten for this long is abandoned
 LEASE = 60.0
-POLL = 0.05
+#: seconds between looks at the running trials (a stat of two files each)
+POLL = 0.02
 ATTR_OWNER = "det_owner"
 ATTR_BEAT = "det_heartbeat"
 ATTR_SLOT = "det_slot"
@@ -173,6 +174,7 @@ class Driver:
         searcher = self.s.conf.searcher
         proc = TrialProcess(self._spec(trial), self.s.exp_dir, searcher.metric,
                             searcher.time_metric)
+        proc.seen = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
         from determined_launch.experiment.trial import launcher_argv
 
         env = dict(os.environ)
@@ -193,9 +195,7 @@ class Driver:
                 self.error = e
             proc.request_stop("error")
             return
-        if not reports:
-            return
-        done = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
+        done = proc.seen  # steps already in the study (a resumed trial re-reads its files)
         for r in reports:
             if r.length in done or proc.stop_reason is not None:
                 continue
@@ -204,7 +204,7 @@ class Driver:
             top = self.s.conf.searcher.max_length
             if top is not None and r.length >= top:
                 proc.request_stop("done")  # 0.38's max_time: the searcher ends the trial
-            elif trial.should_prune():
+            elif self.search.brackets and trial.should_prune():
                 proc.request_stop("pruned")
                 self.s.on_event(f"trial {proc.spec.trial_id}: stopped by ASHA at length "
                                 f"{r.length} ({self.s.conf.searcher.metric}={r.value:g})")
@@ -214,7 +214,7 @@ class Driver:
         self._observe(trial, proc)
         states = self.optuna.trial.TrialState
         tid = proc.spec.trial_id
-        values = self.study._storage.get_trial(trial._trial_id).intermediate_values
+        values = proc.seen
         last = values[max(values)] if values else None
         reason = proc.stop_reason
         if reason == "pruned":

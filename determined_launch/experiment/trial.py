@@ -133,6 +133,8 @@ class TrialProcess:
         self._log: Optional[IO[bytes]] = None
         self.stop_reason: Optional[str] = None
         self.reports: list[Report] = []
+        #: length -> value of every observation already told to the study
+        self.seen: dict[int, float] = {}
         self.started = 0.0
 
     def start(self, info: ClusterInfo, argv: Sequence[str], env: Mapping[str, str],
