@@ -186,3 +186,16 @@ def test_docs_list_every_experiment_option() -> None:
         row = next((line for line in docs.splitlines() if line.startswith(f"| `{o.flag}")), None)
         assert row is not None and f"`{o.env}`" in row, o.flag
         assert o.flag in readme, o.flag
+
+
+def test_the_experiment_layer_imports_no_extra_until_a_search_runs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, determined_launch.cli, determined_launch.experiment.run; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'optuna', 'matplotlib', 'sqlalchemy', 'yaml', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**__import__("os").environ,
+                                          "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)})
+    assert out.stdout.strip() == "[]", out.stdout
