@@ -201,13 +201,21 @@ class Driver:
                 continue
             trial.report(r.value, r.length)
             done[r.length] = r.value
-            top = self.s.conf.searcher.max_length
-            if top is not None and r.length >= top:
-                proc.request_stop("done")  # 0.38's max_time: the searcher ends the trial
+            if self._past_the_end(r.length):
+                proc.request_stop("done")
             elif self.search.brackets and trial.should_prune():
                 proc.request_stop("pruned")
                 self.s.on_event(f"trial {proc.spec.trial_id}: stopped by ASHA at length "
                                 f"{r.length} ({self.s.conf.searcher.metric}={r.value:g})")
+
+    def _past_the_end(self, length: int) -> bool:
+        """0.38's ``max_time``: the script trains its own length, and the searcher
+        ends it at ``max_time``. With ``max_length`` the script stops there by
+        itself (``operations()``); only a trial going beyond it is stopped."""
+        top = self.s.conf.searcher.max_length
+        if top is None:
+            return False
+        return length >= top if self.s.conf.searcher.time_metric else length > top
 
     def _finish(self, number: int, code: int) -> None:
         trial, proc = self.running.pop(number)
