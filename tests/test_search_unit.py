@@ -199,3 +199,17 @@ def test_the_experiment_layer_imports_no_extra_until_a_search_runs() -> None:
                          check=True, env={**__import__("os").environ,
                                           "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)})
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("name", ecli.TRIAL_IDENTITY)
+def test_one_run_trial_options_are_refused(name: str) -> None:
+    from determined_launch import config
+
+    option = next((o for o in config.OPTIONS if o.name == name), None)
+    if option is None or option.flag is None:
+        pytest.skip(f"no launcher option {name!r} in this checkout")
+    argv = ["exp.yaml", option.flag] + ([] if option.switch else ["x"])
+    ns = ecli.parser().parse_args(argv)
+    with pytest.raises(LaunchError, match=f"^{option.flag} sets one run's trial"):
+        ecli.refuse_trial_identity(ns)
+    assert option.flag not in ecli.trial_flags(ns) and option.env in ecli.trial_identity_env()

@@ -16,7 +16,12 @@ from determined_launch.cluster.detect import detect
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.cli import entrypoint_command, trial_flags
+from determined_launch.experiment.cli import (
+    entrypoint_command,
+    refuse_trial_identity,
+    trial_flags,
+    trial_identity_env,
+)
 from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
 from determined_launch.experiment.trial import private_dir, write_private
 from determined_launch.launcher import LauncherOptions, detection_env
@@ -64,7 +69,8 @@ class _Live:
 
 
 def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequence[str]) -> int:
-    conf = expconf.load(ns.config)
+    refuse_trial_identity(ns)
+    conf = expconf.load(ns.config_path)
     if ns.worker and opts["max_concurrent"] is None:
         concurrency = 1
     else:
@@ -93,6 +99,8 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
               f"{', '.join(conf.ignored)}", file=sys.stderr)
     write_experiment_file(exp_dir, conf, opts["study_storage"])
     live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better)
+    for var in trial_identity_env():
+        os.environ.pop(var, None)  # each trial's identity comes from its cluster info file
     setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
                         info=info, flags=trial_flags(ns), command=sub, args=args,
                         concurrency=concurrency,
