@@ -124,15 +124,17 @@ def test_two_ranks_and_the_038_time_metric_form(tmp_path: Path) -> None:
     """Determined 0.38's searcher form: the script never calls operations(),
     reports `batches` in its validation metrics and trains longer than
     max_time; the searcher ends each trial at max_time by preempting it, on
-    both ranks of a torch job at once."""
+    both ranks of a torch job at once. No command: the config's entrypoint
+    (Determined's launcher module, mapped to ours) with slots_per_trial."""
     cfg = write_config(tmp_path, {"x": {"type": "categorical", "vals": [0.6]},
                                   "layers": 2, "period": 2, "ops": False, "sleep": 0.05},
                        {"name": "grid", "metric": "loss", "time_metric": "batches",
                         "max_time": 6},
-                       resources={"slots_per_trial": 2})
+                       resources={"slots_per_trial": 2},
+                       entrypoint=f"{sys.executable} -m determined.launch.torch_distributed "
+                                  f"{sys.executable} {SCRIPT}")
     # The script's own length (info.trial.max_length) is what it trains to; give it more.
-    r = experiment(cfg, "torch", "--", sys.executable, SCRIPT, timeout=120,
-                   env=base_env(DET_TEST_LENGTH="1000"))
+    r = experiment(cfg, timeout=120, env=base_env(DET_TEST_LENGTH="1000"))
     assert r.returncode == 0, r.stdout + r.stderr
     dirs = trial_dirs(tmp_path / "exp")
     assert sorted(dirs) == [1]
