@@ -57,8 +57,10 @@ class _Live:
         if not self.tty:
             print(f"det-launch experiment: {text}", flush=True)
 
-    def tick(self) -> None:
-        if not self.tty or self.driver is None or time.monotonic() - self._last < 1.0:
+    def tick(self, force: bool = False) -> None:
+        if not self.tty or self.driver is None:
+            return
+        if not force and time.monotonic() - self._last < 1.0:
             return
         self._last = time.monotonic()
         table = report.render_table(self.driver._trials(), self.metric, self.smaller)
@@ -115,7 +117,7 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
         live.tick()
 
     status = driver.run(tick=tick)
-    live.tick()
+    live.tick(force=True)  # the final states
     _final(driver._trials(), exp_dir, conf, ns.worker)
     return status
 
