@@ -42,8 +42,8 @@ def _checkpoint_storage(conf: expconf.ExperimentConfig, exp_dir: pathlib.Path) -
 
 
 class _Live:
-    """The trial table on a terminal, redrawn at most once a second; one line
-    per event otherwise (logs, CI)."""
+    """One line per event; on a terminal also the trial table below them,
+    redrawn at most once a second."""
 
     def __init__(self, driver: Optional[Driver], metric: str, smaller: bool) -> None:
         self.driver = driver
@@ -54,8 +54,12 @@ class _Live:
         self._lines = 0
 
     def event(self, text: str) -> None:
-        if not self.tty:
-            print(f"det-launch experiment: {text}", flush=True)
+        if self.tty and self._lines:  # the line goes above the table, which is redrawn
+            sys.stdout.write(f"\x1b[{self._lines}F\x1b[J")
+            self._lines = 0
+        print(f"det-launch experiment: {text}", flush=True)
+        if self.tty:
+            self.tick(force=True)
 
     def tick(self, force: bool = False) -> None:
         if not self.tty or self.driver is None:
