@@ -213,3 +213,23 @@ def test_one_run_trial_options_are_refused(name: str) -> None:
     with pytest.raises(LaunchError, match=f"^{option.flag} sets one run's trial"):
         ecli.refuse_trial_identity(ns)
     assert option.flag not in ecli.trial_flags(ns) and option.env in ecli.trial_identity_env()
+
+
+def test_a_trial_whose_asker_died_before_its_slot_is_dropped(tmp_path: pathlib.Path) -> None:
+    optuna = pytest.importorskip("optuna")
+    import time
+
+    from determined_launch.experiment import driver as dr
+
+    c = conf()
+    search = se.Search(c)
+    study = se.load_study(se.open_storage(None, str(tmp_path / "s.journal")), "u", search)
+    t = study.ask()  # the asker died here: RUNNING, no slot, no owner
+    d = dr.Driver.__new__(dr.Driver)  # only the study-facing parts are needed
+    d.study, d.optuna, d.search = study, optuna, search
+    frozen = study._storage.get_trial(t._trial_id)
+    d._drop_unborn(frozen, time.time())  # a live asker may still be setting it up
+    assert study._storage.get_trial(t._trial_id).state.name == "RUNNING"
+    d._drop_unborn(frozen, time.time() + dr.LEASE + 1)
+    after = study._storage.get_trial(t._trial_id)
+    assert after.state.name == "FAIL" and after.user_attrs[se.ATTR_SURPLUS]

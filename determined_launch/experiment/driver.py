@@ -115,8 +115,10 @@ class Driver:
         now = time.time()
         mine = set(self.running)
         for t in self._trials():
-            if (t.state.name != "RUNNING" or t.number in mine
-                    or t.user_attrs.get(se.ATTR_SURPLUS) or ATTR_SLOT not in t.user_attrs):
+            if t.state.name != "RUNNING" or t.number in mine or t.user_attrs.get(se.ATTR_SURPLUS):
+                continue
+            if ATTR_SLOT not in t.user_attrs:
+                self._drop_unborn(t, now)
                 continue
             owner = str(t.user_attrs.get(ATTR_OWNER, ""))
             if owner and owner_alive(owner, float(t.user_attrs.get(ATTR_BEAT, 0)), now):
@@ -130,6 +132,14 @@ class Driver:
                 self.s.on_event(f"trial {t.number + 1}: resuming (its last owner stopped)")
                 return trial
         return None
+
+    def _drop_unborn(self, t: Any, now: float) -> None:
+        """A trial whose asker died before giving it a slot never ran: free its
+        place (after ``LEASE``, so a live asker's new trial is left alone)."""
+        started = t.datetime_start.timestamp() if t.datetime_start else now
+        if now - started > LEASE:
+            self.study._storage.set_trial_user_attr(t._trial_id, se.ATTR_SURPLUS, True)
+            self.study.tell(t.number, state=self.optuna.trial.TrialState.FAIL)
 
     def _ask(self) -> Optional[Any]:
         trials = self._trials()
