@@ -233,3 +233,9 @@ def test_a_trial_whose_asker_died_before_its_slot_is_dropped(tmp_path: pathlib.P
     d._drop_unborn(frozen, time.time() + dr.LEASE + 1)
     after = study._storage.get_trial(t._trial_id)
     assert after.state.name == "FAIL" and after.user_attrs[se.ATTR_SURPLUS]
+
+
+def test_experiment_variables_are_the_options_variables() -> None:
+    from determined_launch.experiment.driver import EXPERIMENT_ENV
+
+    assert set(EXPERIMENT_ENV) == {o.env for o in ecli.OPTIONS}

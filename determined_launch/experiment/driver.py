@@ -43,6 +43,9 @@ POLL = 0.02
 ATTR_OWNER = "det_owner"
 ATTR_BEAT = "det_heartbeat"
 ATTR_SLOT = "det_slot"
+#: the experiment's options' variables (experiment/cli.py), never passed to trials
+EXPERIMENT_ENV = ("DET_EXPERIMENT_DIR", "DET_STUDY_STORAGE", "DET_EXPERIMENT_WORKER",
+                  "DET_EXPERIMENT_CONCURRENCY")
 
 
 @dataclasses.dataclass
@@ -187,7 +190,8 @@ class Driver:
         proc.seen = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
         from determined_launch.experiment.trial import launcher_argv
 
-        env = dict(os.environ)
+        # The experiment's own variables stay here: the study URL may carry a password.
+        env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
         env.pop(envvars.SEARCHER_UNIT, None)
         if searcher.unit is not None:
             env[envvars.SEARCHER_UNIT] = searcher.unit.upper()

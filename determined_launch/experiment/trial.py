@@ -121,7 +121,7 @@ class TrialProcess:
     def __init__(self, spec: TrialSpec, exp_dir: pathlib.Path, metric: str,
                  time_metric: Optional[str]) -> None:
         self.spec = spec
-        self.dir = private_dir(exp_dir / "trials" / str(spec.trial_id))
+        self.dir = private_dir(private_dir(exp_dir / "trials") / str(spec.trial_id))
         self.run_dir = self.dir  # the chief's run directory is the trial's directory
         self.preempt_file = self.dir / "preempt"
         self.log_path = self.dir / "output.log"

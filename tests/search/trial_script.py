@@ -30,6 +30,9 @@ def main():
     if hp.get("invalid"):
         with core.init():
             raise det.InvalidHP("x is not allowed")
+    if hp.get("env_probe"):  # what of the experiment's environment reached the trial
+        pathlib.Path(os.environ["DET_RUN_DIR"], "env_probe.json").write_text(
+            json.dumps({k: v for k, v in os.environ.items() if "STUDY" in k}))
     marker = pathlib.Path(os.environ["DET_RUN_DIR"], "failed_once")
     if hp.get("fail_once") and not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
