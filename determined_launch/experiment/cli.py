@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from determined_launch import config, values
 from determined_launch.config import Option
@@ -198,11 +197,3 @@ def main(argv: Sequence[str]) -> int:
     except LaunchError as e:
         print(f"det-launch: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
-
-
-def dumps(x: Any) -> str:
-    return json.dumps(x, sort_keys=True)
-
-
-def optional_int(x: Optional[str]) -> Optional[int]:
-    return int(x) if x else None

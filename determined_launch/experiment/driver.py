@@ -20,19 +20,24 @@ import os
 import pathlib
 import signal
 import socket
-import sys
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Callable, Optional
 
 from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.errors import EXIT_PREEMPTED, EXIT_USAGE, LaunchError
+from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig
-from determined_launch.experiment.trial import MetricError, TrialProcess, TrialSpec
+from determined_launch.experiment.trial import (
+    MetricError,
+    TrialProcess,
+    TrialSpec,
+    launcher_argv,
+    write_private,
+)
 
 #: seconds between heartbeats of a running trial's owner
 HEARTBEAT = 10.0
@@ -188,8 +193,6 @@ class Driver:
         proc = TrialProcess(self._spec(trial), self.s.exp_dir, searcher.metric,
                             searcher.time_metric)
         proc.seen = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
-        from determined_launch.experiment.trial import launcher_argv
-
         # The experiment's own variables stay here: the study URL may carry a password.
         env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
         env.pop(envvars.SEARCHER_UNIT, None)
@@ -353,15 +356,4 @@ def write_experiment_file(exp_dir: pathlib.Path, conf: ExperimentConfig,
               "storage_has_password": se.storage_label(storage_url) != (storage_url or
                                                                         se.storage_label(None)),
               "searcher": dataclasses.asdict(conf.searcher)}
-    from determined_launch.experiment.trial import write_private
-
     write_private(exp_dir / "experiment.json", json.dumps(record, indent=1) + "\n")
-
-
-def usage_error(message: str) -> int:
-    print(f"det-launch: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def as_mapping(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
