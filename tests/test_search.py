@@ -221,20 +221,27 @@ def test_unreachable_study_storage_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_metric_never_reported_fails_after_the_first_validation(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, {"metric_name": {"type": "categorical", "vals": ["loss", "acc"]},
-                                  "x": 0.5, "layers": 2, "period": 2, "sleep": 0.02},
-                       {"name": "grid", "metric": "loss", "max_length": 60})
+    """Trial 1 completes; trials 2 (long) and 3 (reports `acc`) run together: 3
+    stops at its first validation with one line, 2 is preempted (resumable)."""
+    cases = {"short": {}, "long": {"sleep": 0.1}, "bad": {"metric_name": "acc"}}
+    cfg = write_config(tmp_path, {"case": {"type": "categorical", "vals": list(cases)},
+                                  "cases": cases, "x": 0.5, "layers": 2, "period": 2,
+                                  "sleep": 0.02},
+                       {"name": "grid", "metric": "loss", "max_length": 60,
+                        "max_concurrent_trials": 2})
     r = experiment(cfg, *EXEC)
     line = one_line_error(r)
-    assert "trial 2" in line and "searcher.metric 'loss' is not among the reported " \
+    assert "trial 3" in line and "searcher.metric 'loss' is not among the reported " \
         "validation metrics (acc, batches)" in line, line
     dirs = trial_dirs(tmp_path / "exp")
-    assert batches(dirs[1]) == 60 and batches(dirs[2]) < 30  # stopped, no silent hang
+    assert batches(dirs[1]) == 60 and batches(dirs[3]) < 30  # stopped, no silent hang
+    assert batches(dirs[2]) < 60 and "trial 2: preempted; resumable" in r.stdout
+    assert (dirs[2] / "latest_checkpoint.json").exists()
     status = subprocess.run([sys.executable, "-m", "determined_launch.cli", "experiment",
                              "--status", str(tmp_path / "exp")], env=base_env(),
                             capture_output=True, text=True, timeout=30, check=False)
     assert "1 completed" in status.stdout and "1 failed" in status.stdout, status.stdout
-    assert "best trial 1: loss=" in status.stdout
+    assert "1 running" in status.stdout and "best trial 1: loss=" in status.stdout
 
 
 def test_entrypoint_and_max_restarts(tmp_path: Path) -> None:

@@ -100,6 +100,9 @@ def test_brackets_follow_determined() -> None:
     assert se.brackets(aggressive.searcher, 16) == [3]
     cons = conf(name="adaptive_asha", max_length=1000, max_trials=1000, mode="conservative")
     assert se.brackets(cons.searcher, 1000) == [5, 4, 3, 2, 1]
+    older = expconf.parse({"searcher": {"name": "async_halving", "metric": "m", "num_rungs": 3,
+                                        "max_length": 64, "max_trials": 4}}, P).searcher
+    assert se.brackets(older, 4) == [3]  # one bracket of num_rungs, not capped
     given = conf(name="adaptive_asha", max_length=64, max_trials=9, bracket_rungs=[1, 3])
     assert se.brackets(given.searcher, 9) == [3, 1]
     assignment = [se.bracket_of(i, [12, 4]) for i in range(16)]

@@ -302,10 +302,13 @@ class Driver:
         stopped_trials = False
         try:
             while True:
-                if self.stopping and not stopped_trials:
+                if (self.stopping or self.error is not None) and not stopped_trials:
+                    # Stopping, or an error that ends the experiment: the other running
+                    # trials checkpoint and stay resumable, rather than run on unwatched.
                     stopped_trials = True
                     for _, proc in self.running.values():
-                        proc.request_stop("driver")
+                        if proc.stop_reason is None:
+                            proc.request_stop("driver")
                 if self.stopping > 1:
                     for _, proc in self.running.values():
                         proc.terminate()

@@ -26,7 +26,8 @@ def save(ctx, step):
 
 def main():
     info = det.get_cluster_info()
-    hp = info.trial.hparams
+    hp = dict(info.trial.hparams)
+    hp.update(hp.get("cases", {}).get(hp.get("case"), {}))  # per-trial variations of a test
     if hp.get("invalid"):
         with core.init():
             raise det.InvalidHP("x is not allowed")
