@@ -65,6 +65,8 @@ class DriverSetup:
     concurrency: int
     checkpoint_storage: str
     on_event: Callable[[str], None] = print
+    #: signals that preempt the experiment (the launcher's --preempt-signals; SIGINT too)
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def owner_id() -> str:
@@ -298,7 +300,7 @@ class Driver:
     def run(self, tick: Callable[[], None] = lambda: None) -> int:
         """Run trials until the search is done; the experiment's exit status."""
         previous = {s: signal.signal(s, self._on_signal)
-                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+                    for s in {signal.SIGINT, *self.s.signals}}
         stopped_trials = False
         try:
             while True:

@@ -111,7 +111,7 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
                         info=info, flags=trial_flags(ns), command=sub, args=args,
                         concurrency=concurrency,
                         checkpoint_storage=_checkpoint_storage(conf, exp_dir),
-                        on_event=live.event)
+                        on_event=live.event, signals=tuple(resolved["preempt_signals"]))
     driver = Driver(setup)
     live.driver = driver
     watch = resolved["preempt_file"]
