@@ -242,3 +242,13 @@ def test_experiment_variables_are_the_options_variables() -> None:
     from determined_launch.experiment.driver import EXPERIMENT_ENV
 
     assert set(EXPERIMENT_ENV) == {o.env for o in ecli.OPTIONS}
+
+
+def test_the_example_config_loads_and_maps_its_entrypoint() -> None:
+    example = pathlib.Path(__file__).resolve().parent.parent / "examples" / "search"
+    c = expconf.load(example / "adaptive.yaml")
+    assert (c.searcher.name, c.searcher.time_metric, c.searcher.max_length) == (
+        "adaptive_asha", "batches", 400)
+    assert c.entrypoint is not None
+    assert ecli.entrypoint_command(c.entrypoint, "x") == ("torch", ["python3", "train.py"])
+    assert (example / "train.py").exists()
