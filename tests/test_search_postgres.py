@@ -4,6 +4,7 @@ as a non-root user on a loopback port in a temporary directory."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pwd
 import shutil
@@ -63,7 +64,9 @@ def postgres_url() -> Iterator[str]:
         shutil.rmtree(top, ignore_errors=True)
         pytest.skip(f"PostgreSQL did not start: {start.stderr.strip()} {text[-300:]}")
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        # trust authentication: the password is accepted and ignored, so the test can
+        # check it is never written anywhere
+        yield f"postgresql://postgres:pw-{port}-secret@127.0.0.1:{port}/postgres"
     finally:
         run(f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
         shutil.rmtree(top, ignore_errors=True)
@@ -71,14 +74,25 @@ def postgres_url() -> Iterator[str]:
 
 def test_a_study_in_postgresql(tmp_path: Path, postgres_url: str) -> None:
     cfg = write_config(tmp_path, {"x": {"type": "double", "minval": 0, "maxval": 1},
-                                  "layers": 2, "period": 2},
+                                  "layers": 2, "period": 2, "env_probe": True},
                        {"name": "random", "metric": "loss", "max_trials": 2, "max_length": 4,
                         "max_concurrent_trials": 2}, name="pg")
-    r = experiment(cfg, "--study-storage", postgres_url, *EXEC)
+    r = experiment(cfg, *EXEC, env=base_env(DET_STUDY_STORAGE=postgres_url))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(trial_dirs(tmp_path / "exp")) == [1, 2]
-    assert not (tmp_path / "exp" / "study.journal").exists()  # the study is in the server
-    status = subprocess.run([sys.executable, "-m", "determined_launch.cli", "experiment",
-                             "--status", str(tmp_path / "exp")], env=base_env(),
+    exp = tmp_path / "exp"
+    assert sorted(trial_dirs(exp)) == [1, 2]
+    assert not (exp / "study.journal").exists()  # the study is in the server
+    assert json.loads((exp / "trials" / "1" / "env_probe.json").read_text()) == {}
+    secret = postgres_url.split(":")[2].split("@")[0]
+    for f in exp.rglob("*"):
+        if f.is_file() and f.suffix != ".png":
+            assert secret not in f.read_text(errors="replace"), f
+    assert secret not in r.stdout + r.stderr
+    status_argv = [sys.executable, "-m", "determined_launch.cli", "experiment", "--status",
+                   str(exp)]
+    no_url = subprocess.run(status_argv, env=base_env(), capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert no_url.returncode == 2 and "give its URL with --study-storage" in no_url.stderr
+    status = subprocess.run([*status_argv, "--study-storage", postgres_url], env=base_env(),
                             capture_output=True, text=True, timeout=30, check=False)
     assert status.returncode == 0 and "2 completed" in status.stdout, status.stdout + status.stderr

@@ -100,6 +100,9 @@ def test_brackets_follow_determined() -> None:
     assert se.brackets(aggressive.searcher, 16) == [3]
     cons = conf(name="adaptive_asha", max_length=1000, max_trials=1000, mode="conservative")
     assert se.brackets(cons.searcher, 1000) == [5, 4, 3, 2, 1]
+    older = expconf.parse({"searcher": {"name": "async_halving", "metric": "m", "num_rungs": 3,
+                                        "max_length": 64, "max_trials": 4}}, P).searcher
+    assert se.brackets(older, 4) == [3]  # one bracket of num_rungs, not capped
     given = conf(name="adaptive_asha", max_length=64, max_trials=9, bracket_rungs=[1, 3])
     assert se.brackets(given.searcher, 9) == [3, 1]
     assignment = [se.bracket_of(i, [12, 4]) for i in range(16)]
@@ -186,3 +189,66 @@ def test_docs_list_every_experiment_option() -> None:
         row = next((line for line in docs.splitlines() if line.startswith(f"| `{o.flag}")), None)
         assert row is not None and f"`{o.env}`" in row, o.flag
         assert o.flag in readme, o.flag
+
+
+def test_the_experiment_layer_imports_no_extra_until_a_search_runs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, determined_launch.cli, determined_launch.experiment.run; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'optuna', 'matplotlib', 'sqlalchemy', 'yaml', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**__import__("os").environ,
+                                          "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)})
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("name", ecli.TRIAL_IDENTITY)
+def test_one_run_trial_options_are_refused(name: str) -> None:
+    from determined_launch import config
+
+    option = next((o for o in config.OPTIONS if o.name == name), None)
+    if option is None or option.flag is None:
+        pytest.skip(f"no launcher option {name!r} in this checkout")
+    argv = ["exp.yaml", option.flag] + ([] if option.switch else ["x"])
+    ns = ecli.parser().parse_args(argv)
+    with pytest.raises(LaunchError, match=f"^{option.flag} sets one run's trial"):
+        ecli.refuse_trial_identity(ns)
+    assert option.flag not in ecli.trial_flags(ns) and option.env in ecli.trial_identity_env()
+
+
+def test_a_trial_whose_asker_died_before_its_slot_is_dropped(tmp_path: pathlib.Path) -> None:
+    optuna = pytest.importorskip("optuna")
+    import time
+
+    from determined_launch.experiment import driver as dr
+
+    c = conf()
+    search = se.Search(c)
+    study = se.load_study(se.open_storage(None, str(tmp_path / "s.journal")), "u", search)
+    t = study.ask()  # the asker died here: RUNNING, no slot, no owner
+    d = dr.Driver.__new__(dr.Driver)  # only the study-facing parts are needed
+    d.study, d.optuna, d.search = study, optuna, search
+    frozen = study._storage.get_trial(t._trial_id)
+    d._drop_unborn(frozen, time.time())  # a live asker may still be setting it up
+    assert study._storage.get_trial(t._trial_id).state.name == "RUNNING"
+    d._drop_unborn(frozen, time.time() + dr.LEASE + 1)
+    after = study._storage.get_trial(t._trial_id)
+    assert after.state.name == "FAIL" and after.user_attrs[se.ATTR_SURPLUS]
+
+
+def test_experiment_variables_are_the_options_variables() -> None:
+    from determined_launch.experiment.driver import EXPERIMENT_ENV
+
+    assert set(EXPERIMENT_ENV) == {o.env for o in ecli.OPTIONS}
+
+
+def test_the_example_config_loads_and_maps_its_entrypoint() -> None:
+    example = pathlib.Path(__file__).resolve().parent.parent / "examples" / "search"
+    c = expconf.load(example / "adaptive.yaml")
+    assert (c.searcher.name, c.searcher.time_metric, c.searcher.max_length) == (
+        "adaptive_asha", "batches", 400)
+    assert c.entrypoint is not None
+    assert ecli.entrypoint_command(c.entrypoint, "x") == ("torch", ["python3", "train.py"])
+    assert (example / "train.py").exists()

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from determined_launch import config, values
 from determined_launch.config import Option
 from determined_launch.errors import EXIT_USAGE, LaunchError
 
 BACKENDS = ("torch", "horovod", "deepspeed", "exec")
+#: Launcher options that make up one run's trial identity; the experiment sets
+#: every trial's, so they are refused here and kept from the trials.
+TRIAL_IDENTITY = ("hparams", "config", "fresh")
 #: Determined's launch modules in an entrypoint -> our subcommand
 ENTRYPOINT_MODULES = {
     "determined.launch.torch_distributed": "torch",
@@ -77,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(o.flag, dest=o.name, metavar=o.metavar, help=text)
     p.add_argument("--status", metavar="DIR", help="print the table and best trial of the "
                    "experiment in DIR, then exit")
-    p.add_argument("config", nargs="?", help="Determined experiment config (YAML)")
+    p.add_argument("config_path", nargs="?", metavar="CONFIG.yaml",
+                   help="Determined experiment config (YAML)")
     return p
 
 
@@ -128,7 +131,7 @@ def trial_flags(ns: argparse.Namespace) -> list[str]:
     the driver's own (it preempts every trial), so neither is passed on."""
     out: list[str] = []
     for o in config.OPTIONS:
-        if o.flag is None or o.name in ("slots", "preempt_file"):
+        if o.flag is None or o.name in ("slots", "preempt_file", *TRIAL_IDENTITY):
             continue
         value = getattr(ns, o.name, None)
         if o.switch and value:
@@ -136,6 +139,18 @@ def trial_flags(ns: argparse.Namespace) -> list[str]:
         elif not o.switch and value is not None:
             out += [o.flag, value]
     return out
+
+
+def refuse_trial_identity(ns: argparse.Namespace) -> None:
+    for o in config.OPTIONS:
+        if o.name in TRIAL_IDENTITY and getattr(ns, o.name, None) not in (None, False):
+            raise LaunchError(f"{o.flag} sets one run's trial; det-launch experiment sets each "
+                              "trial's hparams and checkpoint itself")
+
+
+def trial_identity_env() -> tuple[str, ...]:
+    """Variables of those options, removed from the trials' environment."""
+    return tuple(o.env for o in config.OPTIONS if o.name in TRIAL_IDENTITY and o.env)
 
 
 def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]]:
@@ -170,7 +185,7 @@ def main(argv: Sequence[str]) -> int:
             from determined_launch.experiment.run import status
 
             return status(pathlib.Path(ns.status), resolve(ns)["study_storage"])
-        if not ns.config:
+        if not ns.config_path:
             raise LaunchError("no experiment config given (det-launch experiment CONFIG.yaml "
                               "...)")
         if command and command[0] not in BACKENDS:
@@ -182,11 +197,3 @@ def main(argv: Sequence[str]) -> int:
     except LaunchError as e:
         print(f"det-launch: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
-
-
-def dumps(x: Any) -> str:
-    return json.dumps(x, sort_keys=True)
-
-
-def optional_int(x: Optional[str]) -> Optional[int]:
-    return int(x) if x else None

@@ -20,28 +20,37 @@ import os
 import pathlib
 import signal
 import socket
-import sys
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Callable, Optional
 
 from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.errors import EXIT_PREEMPTED, EXIT_USAGE, LaunchError
+from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig
-from determined_launch.experiment.trial import MetricError, TrialProcess, TrialSpec
+from determined_launch.experiment.trial import (
+    MetricError,
+    TrialProcess,
+    TrialSpec,
+    launcher_argv,
+    write_private,
+)
 
 #: seconds between heartbeats of a running trial's owner
 HEARTBEAT = 10.0
 #: a RUNNING trial whose owner has not beaten for this long is abandoned
 LEASE = 60.0
-POLL = 0.05
+#: seconds between looks at the running trials (a stat of two files each)
+POLL = 0.02
 ATTR_OWNER = "det_owner"
 ATTR_BEAT = "det_heartbeat"
 ATTR_SLOT = "det_slot"
+#: the experiment's options' variables (experiment/cli.py), never passed to trials
+EXPERIMENT_ENV = ("DET_EXPERIMENT_DIR", "DET_STUDY_STORAGE", "DET_EXPERIMENT_WORKER",
+                  "DET_EXPERIMENT_CONCURRENCY")
 
 
 @dataclasses.dataclass
@@ -56,6 +65,8 @@ class DriverSetup:
     concurrency: int
     checkpoint_storage: str
     on_event: Callable[[str], None] = print
+    #: signals that preempt the experiment (the launcher's --preempt-signals; SIGINT too)
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def owner_id() -> str:
@@ -114,8 +125,10 @@ class Driver:
         now = time.time()
         mine = set(self.running)
         for t in self._trials():
-            if (t.state.name != "RUNNING" or t.number in mine
-                    or t.user_attrs.get(se.ATTR_SURPLUS) or ATTR_SLOT not in t.user_attrs):
+            if t.state.name != "RUNNING" or t.number in mine or t.user_attrs.get(se.ATTR_SURPLUS):
+                continue
+            if ATTR_SLOT not in t.user_attrs:
+                self._drop_unborn(t, now)
                 continue
             owner = str(t.user_attrs.get(ATTR_OWNER, ""))
             if owner and owner_alive(owner, float(t.user_attrs.get(ATTR_BEAT, 0)), now):
@@ -129,6 +142,14 @@ class Driver:
                 self.s.on_event(f"trial {t.number + 1}: resuming (its last owner stopped)")
                 return trial
         return None
+
+    def _drop_unborn(self, t: Any, now: float) -> None:
+        """A trial whose asker died before giving it a slot never ran: free its
+        place (after ``LEASE``, so a live asker's new trial is left alone)."""
+        started = t.datetime_start.timestamp() if t.datetime_start else now
+        if now - started > LEASE:
+            self.study._storage.set_trial_user_attr(t._trial_id, se.ATTR_SURPLUS, True)
+            self.study.tell(t.number, state=self.optuna.trial.TrialState.FAIL)
 
     def _ask(self) -> Optional[Any]:
         trials = self._trials()
@@ -173,9 +194,9 @@ class Driver:
         searcher = self.s.conf.searcher
         proc = TrialProcess(self._spec(trial), self.s.exp_dir, searcher.metric,
                             searcher.time_metric)
-        from determined_launch.experiment.trial import launcher_argv
-
-        env = dict(os.environ)
+        proc.seen = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
+        # The experiment's own variables stay here: the study URL may carry a password.
+        env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
         env.pop(envvars.SEARCHER_UNIT, None)
         if searcher.unit is not None:
             env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
@@ -193,28 +214,34 @@ class Driver:
                 self.error = e
             proc.request_stop("error")
             return
-        if not reports:
-            return
-        done = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
+        done = proc.seen  # steps already in the study (a resumed trial re-reads its files)
         for r in reports:
             if r.length in done or proc.stop_reason is not None:
                 continue
             trial.report(r.value, r.length)
             done[r.length] = r.value
-            top = self.s.conf.searcher.max_length
-            if top is not None and r.length >= top:
-                proc.request_stop("done")  # 0.38's max_time: the searcher ends the trial
-            elif trial.should_prune():
+            if self._past_the_end(r.length):
+                proc.request_stop("done")
+            elif self.search.brackets and trial.should_prune():
                 proc.request_stop("pruned")
                 self.s.on_event(f"trial {proc.spec.trial_id}: stopped by ASHA at length "
                                 f"{r.length} ({self.s.conf.searcher.metric}={r.value:g})")
+
+    def _past_the_end(self, length: int) -> bool:
+        """0.38's ``max_time``: the script trains its own length, and the searcher
+        ends it at ``max_time``. With ``max_length`` the script stops there by
+        itself (``operations()``); only a trial going beyond it is stopped."""
+        top = self.s.conf.searcher.max_length
+        if top is None:
+            return False
+        return length >= top if self.s.conf.searcher.time_metric else length > top
 
     def _finish(self, number: int, code: int) -> None:
         trial, proc = self.running.pop(number)
         self._observe(trial, proc)
         states = self.optuna.trial.TrialState
         tid = proc.spec.trial_id
-        values = self.study._storage.get_trial(trial._trial_id).intermediate_values
+        values = proc.seen
         last = values[max(values)] if values else None
         reason = proc.stop_reason
         if reason == "pruned":
@@ -273,14 +300,17 @@ class Driver:
     def run(self, tick: Callable[[], None] = lambda: None) -> int:
         """Run trials until the search is done; the experiment's exit status."""
         previous = {s: signal.signal(s, self._on_signal)
-                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+                    for s in {signal.SIGINT, *self.s.signals}}
         stopped_trials = False
         try:
             while True:
-                if self.stopping and not stopped_trials:
+                if (self.stopping or self.error is not None) and not stopped_trials:
+                    # Stopping, or an error that ends the experiment: the other running
+                    # trials checkpoint and stay resumable, rather than run on unwatched.
                     stopped_trials = True
                     for _, proc in self.running.values():
-                        proc.request_stop("driver")
+                        if proc.stop_reason is None:
+                            proc.request_stop("driver")
                 if self.stopping > 1:
                     for _, proc in self.running.values():
                         proc.terminate()
@@ -331,15 +361,4 @@ def write_experiment_file(exp_dir: pathlib.Path, conf: ExperimentConfig,
               "storage_has_password": se.storage_label(storage_url) != (storage_url or
                                                                         se.storage_label(None)),
               "searcher": dataclasses.asdict(conf.searcher)}
-    from determined_launch.experiment.trial import write_private
-
     write_private(exp_dir / "experiment.json", json.dumps(record, indent=1) + "\n")
-
-
-def usage_error(message: str) -> int:
-    print(f"det-launch: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def as_mapping(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}

@@ -16,7 +16,12 @@ from determined_launch.cluster.detect import detect
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.cli import entrypoint_command, trial_flags
+from determined_launch.experiment.cli import (
+    entrypoint_command,
+    refuse_trial_identity,
+    trial_flags,
+    trial_identity_env,
+)
 from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
 from determined_launch.experiment.trial import private_dir, write_private
 from determined_launch.launcher import LauncherOptions, detection_env
@@ -37,8 +42,8 @@ def _checkpoint_storage(conf: expconf.ExperimentConfig, exp_dir: pathlib.Path) -
 
 
 class _Live:
-    """The trial table on a terminal, redrawn at most once a second; one line
-    per event otherwise (logs, CI)."""
+    """One line per event; on a terminal also the trial table below them,
+    redrawn at most once a second."""
 
     def __init__(self, driver: Optional[Driver], metric: str, smaller: bool) -> None:
         self.driver = driver
@@ -49,11 +54,17 @@ class _Live:
         self._lines = 0
 
     def event(self, text: str) -> None:
-        if not self.tty:
-            print(f"det-launch experiment: {text}", flush=True)
+        if self.tty and self._lines:  # the line goes above the table, which is redrawn
+            sys.stdout.write(f"\x1b[{self._lines}F\x1b[J")
+            self._lines = 0
+        print(f"det-launch experiment: {text}", flush=True)
+        if self.tty:
+            self.tick(force=True)
 
-    def tick(self) -> None:
-        if not self.tty or self.driver is None or time.monotonic() - self._last < 1.0:
+    def tick(self, force: bool = False) -> None:
+        if not self.tty or self.driver is None:
+            return
+        if not force and time.monotonic() - self._last < 1.0:
             return
         self._last = time.monotonic()
         table = report.render_table(self.driver._trials(), self.metric, self.smaller)
@@ -64,7 +75,8 @@ class _Live:
 
 
 def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequence[str]) -> int:
-    conf = expconf.load(ns.config)
+    refuse_trial_identity(ns)
+    conf = expconf.load(ns.config_path)
     if ns.worker and opts["max_concurrent"] is None:
         concurrency = 1
     else:
@@ -93,11 +105,13 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
               f"{', '.join(conf.ignored)}", file=sys.stderr)
     write_experiment_file(exp_dir, conf, opts["study_storage"])
     live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better)
+    for var in trial_identity_env():
+        os.environ.pop(var, None)  # each trial's identity comes from its cluster info file
     setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
                         info=info, flags=trial_flags(ns), command=sub, args=args,
                         concurrency=concurrency,
                         checkpoint_storage=_checkpoint_storage(conf, exp_dir),
-                        on_event=live.event)
+                        on_event=live.event, signals=tuple(resolved["preempt_signals"]))
     driver = Driver(setup)
     live.driver = driver
     watch = resolved["preempt_file"]
@@ -107,7 +121,7 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
         live.tick()
 
     status = driver.run(tick=tick)
-    live.tick()
+    live.tick(force=True)  # the final states
     _final(driver._trials(), exp_dir, conf, ns.worker)
     return status
 

@@ -121,7 +121,7 @@ class TrialProcess:
     def __init__(self, spec: TrialSpec, exp_dir: pathlib.Path, metric: str,
                  time_metric: Optional[str]) -> None:
         self.spec = spec
-        self.dir = private_dir(exp_dir / "trials" / str(spec.trial_id))
+        self.dir = private_dir(private_dir(exp_dir / "trials") / str(spec.trial_id))
         self.run_dir = self.dir  # the chief's run directory is the trial's directory
         self.preempt_file = self.dir / "preempt"
         self.log_path = self.dir / "output.log"
@@ -133,6 +133,8 @@ class TrialProcess:
         self._log: Optional[IO[bytes]] = None
         self.stop_reason: Optional[str] = None
         self.reports: list[Report] = []
+        #: length -> value of every observation already told to the study
+        self.seen: dict[int, float] = {}
         self.started = 0.0
 
     def start(self, info: ClusterInfo, argv: Sequence[str], env: Mapping[str, str],

@@ -26,10 +26,14 @@ def save(ctx, step):
 
 def main():
     info = det.get_cluster_info()
-    hp = info.trial.hparams
+    hp = dict(info.trial.hparams)
+    hp.update(hp.get("cases", {}).get(hp.get("case"), {}))  # per-trial variations of a test
     if hp.get("invalid"):
         with core.init():
             raise det.InvalidHP("x is not allowed")
+    if hp.get("env_probe"):  # what of the experiment's environment reached the trial
+        pathlib.Path(os.environ["DET_RUN_DIR"], "env_probe.json").write_text(
+            json.dumps({k: v for k, v in os.environ.items() if "STUDY" in k}))
     marker = pathlib.Path(os.environ["DET_RUN_DIR"], "failed_once")
     if hp.get("fail_once") and not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -40,7 +44,12 @@ def main():
         dist = core.DistributedContext.from_torch_distributed()
     period = int(hp.get("period", 4))
     metric = hp.get("metric_name", "loss")
-    with core.init(distributed=dist) as ctx:
+    # Automatic TensorBoard events (where core has them) import tensorboardX and
+    # torch at the first report: seconds per trial that these tests do not need.
+    extra = {}
+    if hasattr(core, "TensorboardMode"):
+        extra["tensorboard_mode"] = core.TensorboardMode.MANUAL
+    with core.init(distributed=dist, **extra) as ctx:
         with open(os.environ["DET_RUN_DIR"] + "/ranks.log", "a") as f:
             f.write(f"{ctx.distributed.rank}/{ctx.distributed.size}\n")
         step = 0
