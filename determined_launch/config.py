@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from determined_launch import envvars, values
@@ -93,15 +93,21 @@ def _parse(option: Option, raw: str, where: str) -> Any:
         raise LaunchError(f"{where}: {e}") from None
 
 
-def resolve(env: Mapping[str, str], flags: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def resolve(
+    env: Mapping[str, str],
+    flags: Optional[Mapping[str, Any]] = None,
+    options: Sequence[Option] = OPTIONS,
+) -> dict[str, Any]:
     """Each option's value: the flag's, else the variable's, else the default.
+    ``options``: this table unless a subcommand declares its own (``det-launch
+    experiment``), read by the same rules.
 
     A bad variable is an error even when a flag overrides it: it is a
     mistake waiting for the day the flag is dropped.
     """
     flags = flags or {}
     out: dict[str, Any] = {}
-    for option in OPTIONS:
+    for option in options:
         value = option.default
         raw_env = env.get(option.env) if option.env else None
         if raw_env is not None and raw_env.strip():
@@ -113,10 +119,10 @@ def resolve(env: Mapping[str, str], flags: Optional[Mapping[str, Any]] = None) -
     return out
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def add_flags(parser: argparse.ArgumentParser, options: Sequence[Option] = OPTIONS) -> None:
     """Declare the table's flags on ``det-launch``'s parser (values as strings:
     the table's parsers check them, so flag and variable give the same error)."""
-    for option in OPTIONS:
+    for option in options:
         if option.flag is None:
             continue
         help_text = f"{option.help} ({option.env})" if option.env else option.help

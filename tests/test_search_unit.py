@@ -13,7 +13,7 @@ from determined_launch.core._dummy import _dummy_init
 from determined_launch.core.searcher import configured_unit
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import cli as ecli
-from determined_launch.experiment import expconf
+from determined_launch.experiment import command, expconf
 from determined_launch.experiment import searchers as se
 
 P = pathlib.Path("exp.yaml")
@@ -148,15 +148,15 @@ def test_argv_split_and_entrypoints() -> None:
     assert ours == ["exp.yaml", "--slots", "2", "--worker"]
     assert cmd == ["torch", "--", "python", "t.py", "--slots", "9"]
     assert ecli.split_argv(p, ["--status", "d"]) == (["--status", "d"], [])
-    assert ecli.entrypoint_command(
+    assert command.entrypoint_command(
         "python3 -m determined.launch.torch_distributed python3 train.py".split(), "x") == (
         "torch", ["python3", "train.py"])
-    assert ecli.entrypoint_command(["python3", "train.py"], "x") == (
+    assert command.entrypoint_command(["python3", "train.py"], "x") == (
         "exec", ["--", "python3", "train.py"])
     with pytest.raises(LaunchError, match="model_def:Trial"):
-        ecli.entrypoint_command(["model_def:MyTrial"], "x")
+        command.entrypoint_command(["model_def:MyTrial"], "x")
     ns = p.parse_args(["exp.yaml", "--slots", "2", "--dry-run", "--preempt-grace", "5"])
-    assert ecli.trial_flags(ns) == ["--preempt-grace", "5", "--dry-run"]
+    assert command.trial_flags(ns) == ["--preempt-grace", "5", "--dry-run"]
 
 
 def test_searcher_api_like_determined(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,7 +204,7 @@ def test_the_experiment_layer_imports_no_extra_until_a_search_runs() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
-@pytest.mark.parametrize("name", ecli.TRIAL_IDENTITY)
+@pytest.mark.parametrize("name", command.TRIAL_IDENTITY)
 def test_one_run_trial_options_are_refused(name: str) -> None:
     from determined_launch import config
 
@@ -214,8 +214,8 @@ def test_one_run_trial_options_are_refused(name: str) -> None:
     argv = ["exp.yaml", option.flag] + ([] if option.switch else ["x"])
     ns = ecli.parser().parse_args(argv)
     with pytest.raises(LaunchError, match=f"^{option.flag} sets one run's trial"):
-        ecli.refuse_trial_identity(ns)
-    assert option.flag not in ecli.trial_flags(ns) and option.env in ecli.trial_identity_env()
+        command.refuse_trial_identity(ns)
+    assert option.flag not in command.trial_flags(ns) and option.env in command.trial_identity_env()
 
 
 def test_a_trial_whose_asker_died_before_its_slot_is_dropped(tmp_path: pathlib.Path) -> None:
@@ -250,5 +250,5 @@ def test_the_example_config_loads_and_maps_its_entrypoint() -> None:
     assert (c.searcher.name, c.searcher.time_metric, c.searcher.max_length) == (
         "adaptive_asha", "batches", 400)
     assert c.entrypoint is not None
-    assert ecli.entrypoint_command(c.entrypoint, "x") == ("torch", ["python3", "train.py"])
+    assert command.entrypoint_command(c.entrypoint, "x") == ("torch", ["python3", "train.py"])
     assert (example / "train.py").exists()

@@ -22,20 +22,7 @@ from typing import Any, NoReturn
 from determined_launch import config, values
 from determined_launch.config import Option
 from determined_launch.errors import EXIT_USAGE, LaunchError
-
-BACKENDS = ("torch", "horovod", "deepspeed", "exec")
-#: Launcher options that make up one run's trial identity; the experiment sets
-#: every trial's, so they are refused here and kept from the trials.
-TRIAL_IDENTITY = ("hparams", "config", "fresh")
-#: Determined's launch modules in an entrypoint -> our subcommand
-ENTRYPOINT_MODULES = {
-    "determined.launch.torch_distributed": "torch",
-    "determined.launch.horovod": "horovod",
-    "determined.launch.deepspeed": "deepspeed",
-    "determined_launch.torch_distributed": "torch",
-    "determined_launch.horovod": "horovod",
-    "determined_launch.deepspeed": "deepspeed",
-}
+from determined_launch.experiment.command import BACKENDS
 
 OPTIONS: tuple[Option, ...] = (
     Option("experiment_dir", "DET_EXPERIMENT_DIR", "--experiment-dir", str, None,
@@ -70,13 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--detector", help="use only this detector")
     p.add_argument("--disable-detector", action="append", default=[], metavar="NAME")
     config.add_flags(p)
-    for o in OPTIONS:
-        text = f"{o.help} ({o.env})"
-        assert o.flag is not None  # noqa: S101 (every experiment option has one)
-        if o.switch:
-            p.add_argument(o.flag, dest=o.name, action="store_true", help=text)
-        else:
-            p.add_argument(o.flag, dest=o.name, metavar=o.metavar, help=text)
+    config.add_flags(p, OPTIONS)
     p.add_argument("--status", metavar="DIR", help="print the table and best trial of the "
                    "experiment in DIR, then exit")
     p.add_argument("config_path", nargs="?", metavar="CONFIG.yaml",
@@ -104,73 +85,9 @@ def split_argv(p: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[st
 
 
 def resolve(ns: argparse.Namespace) -> dict[str, Any]:
+    """The experiment's own options, by the launcher's rules (flag, else variable)."""
     flags = {o.name: getattr(ns, o.name) for o in OPTIONS}
-    out: dict[str, Any] = {}
-    for o in OPTIONS:
-        value = o.default
-        raw = os.environ.get(o.env or "")
-        if raw is not None and raw.strip():
-            value = _parse(o, raw, f"environment variable {o.env}")
-        given = flags.get(o.name)
-        if given is not None and given is not False:
-            value = True if o.switch else _parse(o, given, o.flag or o.name)
-        out[o.name] = value
-    return out
-
-
-def _parse(o: Option, raw: str, where: str) -> Any:
-    try:
-        return o.parse(raw)
-    except ValueError as e:
-        raise LaunchError(f"{where}: {e}") from None
-
-
-def trial_flags(ns: argparse.Namespace) -> list[str]:
-    """The launcher flags given on our command line, for every trial's launcher.
-    ``--slots`` went into the driver's detection and ``--preempt-file`` is
-    the driver's own (it preempts every trial), so neither is passed on."""
-    out: list[str] = []
-    for o in config.OPTIONS:
-        if o.flag is None or o.name in ("slots", "preempt_file", *TRIAL_IDENTITY):
-            continue
-        value = getattr(ns, o.name, None)
-        if o.switch and value:
-            out.append(o.flag)
-        elif not o.switch and value is not None:
-            out += [o.flag, value]
-    return out
-
-
-def refuse_trial_identity(ns: argparse.Namespace) -> None:
-    for o in config.OPTIONS:
-        if o.name in TRIAL_IDENTITY and getattr(ns, o.name, None) not in (None, False):
-            raise LaunchError(f"{o.flag} sets one run's trial; det-launch experiment sets each "
-                              "trial's hparams and checkpoint itself")
-
-
-def trial_identity_env() -> tuple[str, ...]:
-    """Variables of those options, removed from the trials' environment."""
-    return tuple(o.env for o in config.OPTIONS if o.name in TRIAL_IDENTITY and o.env)
-
-
-def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]]:
-    """A Determined ``entrypoint`` as our subcommand and its arguments:
-    ``python3 -m determined.launch.torch_distributed ARGS`` is ``torch ARGS``;
-    any other command runs once per node (``exec``)."""
-    words = list(words)
-    if len(words) >= 3 and os.path.basename(words[0]).startswith("python") and words[1] == "-m":
-        sub = ENTRYPOINT_MODULES.get(words[2])
-        if sub is not None:
-            rest = words[3:]
-            if not rest:
-                raise LaunchError(f"{where}: entrypoint: {words[2]} without a script to run")
-            return sub, rest
-    if len(words) == 1 and ":" in words[0] and "/" not in words[0] and " " not in words[0]:
-        raise LaunchError(f"{where}: entrypoint: {words[0]!r} is a Trial class (model_def:"
-                          "Trial); det-launch experiment runs commands: use "
-                          "'python3 -m determined.launch.torch_distributed python3 -m "
-                          f"determined_launch.pytorch {words[0]}'")
-    return "exec", ["--", *words]
+    return config.resolve(os.environ, flags, OPTIONS)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -16,7 +16,7 @@ from determined_launch.cluster.detect import detect
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.cli import (
+from determined_launch.experiment.command import (
     entrypoint_command,
     refuse_trial_identity,
     trial_flags,

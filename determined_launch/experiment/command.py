@@ -1,0 +1,75 @@
+"""The command each trial's launcher runs: the launcher flags passed on from
+``det-launch experiment``'s command line, and a Determined ``entrypoint``
+mapped onto our subcommands. Shared by the command line (``cli.py``) and the
+experiment runner (``run.py``), so neither imports the other's internals."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from determined_launch import config
+from determined_launch.errors import LaunchError
+
+BACKENDS = ("torch", "horovod", "deepspeed", "exec")
+#: Launcher options that make up one run's trial identity; the experiment sets
+#: every trial's, so they are refused here and kept from the trials.
+TRIAL_IDENTITY = ("hparams", "config", "fresh")
+#: Determined's launch modules in an entrypoint -> our subcommand
+ENTRYPOINT_MODULES = {
+    "determined.launch.torch_distributed": "torch",
+    "determined.launch.horovod": "horovod",
+    "determined.launch.deepspeed": "deepspeed",
+    "determined_launch.torch_distributed": "torch",
+    "determined_launch.horovod": "horovod",
+    "determined_launch.deepspeed": "deepspeed",
+}
+
+
+def trial_flags(ns: argparse.Namespace) -> list[str]:
+    """The launcher flags given on our command line, for every trial's launcher.
+    ``--slots`` went into the driver's detection and ``--preempt-file`` is
+    the driver's own (it preempts every trial), so neither is passed on."""
+    out: list[str] = []
+    for o in config.OPTIONS:
+        if o.flag is None or o.name in ("slots", "preempt_file", *TRIAL_IDENTITY):
+            continue
+        value = getattr(ns, o.name, None)
+        if o.switch and value:
+            out.append(o.flag)
+        elif not o.switch and value is not None:
+            out += [o.flag, value]
+    return out
+
+
+def refuse_trial_identity(ns: argparse.Namespace) -> None:
+    for o in config.OPTIONS:
+        if o.name in TRIAL_IDENTITY and getattr(ns, o.name, None) not in (None, False):
+            raise LaunchError(f"{o.flag} sets one run's trial; det-launch experiment sets each "
+                              "trial's hparams and checkpoint itself")
+
+
+def trial_identity_env() -> tuple[str, ...]:
+    """Variables of those options, removed from the trials' environment."""
+    return tuple(o.env for o in config.OPTIONS if o.name in TRIAL_IDENTITY and o.env)
+
+
+def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]]:
+    """A Determined ``entrypoint`` as our subcommand and its arguments:
+    ``python3 -m determined.launch.torch_distributed ARGS`` is ``torch ARGS``;
+    any other command runs once per node (``exec``)."""
+    words = list(words)
+    if len(words) >= 3 and os.path.basename(words[0]).startswith("python") and words[1] == "-m":
+        sub = ENTRYPOINT_MODULES.get(words[2])
+        if sub is not None:
+            rest = words[3:]
+            if not rest:
+                raise LaunchError(f"{where}: entrypoint: {words[2]} without a script to run")
+            return sub, rest
+    if len(words) == 1 and ":" in words[0] and "/" not in words[0] and " " not in words[0]:
+        raise LaunchError(f"{where}: entrypoint: {words[0]!r} is a Trial class (model_def:"
+                          "Trial); det-launch experiment runs commands: use "
+                          "'python3 -m determined.launch.torch_distributed python3 -m "
+                          f"determined_launch.pytorch {words[0]}'")
+    return "exec", ["--", *words]
