@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from determined_launch import hparams as hp
 from determined_launch.errors import EXIT_USAGE, LaunchError
-from determined_launch.experiment import hparams as hp
 
 BLOCK: dict[str, Any] = {
     "lr": {"type": "log", "minval": -4, "maxval": -1},

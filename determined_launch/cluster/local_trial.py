@@ -101,7 +101,7 @@ def config_hparams(config: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The constants of the config's ``hyperparameters`` block (a range is an
     error: one trial needs one value; ``det-launch experiment`` searches)."""
     # A pure, standard-library leaf (the only part of experiment/ below it may import).
-    from determined_launch.experiment.hparams import (
+    from determined_launch.hparams import (
         HParamError,
         constants,
         parse_hyperparameters,

@@ -18,8 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
+from determined_launch import hparams as hp
 from determined_launch.errors import LaunchError
-from determined_launch.experiment import hparams as hp
 
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "async_halving")
 ASHA_MODES = ("aggressive", "standard", "conservative")

@@ -27,8 +27,8 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
+from determined_launch import hparams as hp
 from determined_launch.errors import LaunchError
-from determined_launch.experiment import hparams as hp
 from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
 
 if TYPE_CHECKING:
