@@ -160,3 +160,8 @@ def wait_for_file(path: Path, timeout: float, what: Optional[str] = None) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or path} did not appear within {timeout}s")
         time.sleep(0.05)
+
+
+# The storage servers (moto's S3, azurite) as session fixtures, registered here once so every
+# test module shares one server per session. Imported last: storage_servers uses the helpers above.
+from tests.storage_servers import azurite, fault_proxy, s3_server  # noqa: E402, F401

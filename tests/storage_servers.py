@@ -26,8 +26,6 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.conftest import free_port_block
-
 S3_KEYS = {"access_key": "testing", "secret_key": "testing"}
 AZURITE_ACCOUNT = "devstoreaccount1"
 # azurite's published development key (not a secret).
@@ -46,11 +44,18 @@ def wait_port(port: int, timeout: float) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+def _free_port() -> int:
+    # conftest's free_port_block imports this module (fixture registration), so not from there
+    from tests.conftest import free_port_block
+
+    return free_port_block(1)
+
+
 class S3Server:
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
-        self.port = free_port_block(1)
+        self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
@@ -83,7 +88,7 @@ class Azurite:
         exe = shutil.which("azurite-blob")
         if exe is None:
             pytest.skip("azurite-blob not installed (bash scripts/install_storage.sh)")
-        self.port = free_port_block(1)
+        self.port = _free_port()
         self.proc = subprocess.Popen(
             [exe, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location",
              str(workdir), "--silent", "--skipApiVersionCheck", "--loose"],
@@ -162,7 +167,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self.port = free_port_block(1)
+        self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True

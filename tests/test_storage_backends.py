@@ -29,7 +29,7 @@ from determined_launch.core.storage import (
     parse_storage,
 )
 from tests._core_helpers import run_ranks
-from tests.storage_servers import Azurite, S3Server, azurite, s3_server  # noqa: F401
+from tests.storage_servers import Azurite, S3Server
 
 Factory = Callable[[], StorageBackend]
 
@@ -202,7 +202,7 @@ def test_non_chief_upload_names_upload(tmp_path: pathlib.Path) -> None:
     assert "store_path" not in message
 
 
-def test_azure_wrong_credentials_are_one_line(azurite: Azurite) -> None:  # noqa: F811
+def test_azure_wrong_credentials_are_one_line(azurite: Azurite) -> None:
     from tests.storage_servers import AZURITE_KEY
 
     container = azurite.new_container()

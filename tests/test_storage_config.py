@@ -17,6 +17,7 @@ from determined_launch import core
 from determined_launch.cluster import ClusterInfo
 from determined_launch.core.storage import Retention, StorageConfigError, parse_storage, retention
 from tests.conftest import REPO, base_env
+from tests.storage_servers import S3Server
 
 
 def info(**extra: Any) -> ClusterInfo:
@@ -142,19 +143,67 @@ def test_cluster_info_storage_is_used(tmp_path: pathlib.Path) -> None:
         assert ctx.checkpoint.storage_dir == tmp_path / "from-info"
 
 
-def test_tensorboard_auto_and_manual(tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("tensorboardX")
+def test_tensorboard_writer_choice_never_imports_torch_by_itself() -> None:
+    choose = core.tensorboard.choose_writer
+    assert choose(tensorboard=True, tensorboardx=True, torch_loaded=False,
+                  torch_installed=True) == "tensorboard"
+    # tensorboardX imports torch when torch is installed: only once torch is loaded anyway
+    assert choose(tensorboard=False, tensorboardx=True, torch_loaded=False,
+                  torch_installed=True) is None
+    assert choose(tensorboard=False, tensorboardx=True, torch_loaded=True,
+                  torch_installed=True) == "tensorboardX"
+    assert choose(tensorboard=False, tensorboardx=True, torch_loaded=False,
+                  torch_installed=False) == "tensorboardX"
+    assert choose(tensorboard=False, tensorboardx=False, torch_loaded=True,
+                  torch_installed=True) is None
+
+
+def test_tensorboard_auto_on_a_directory_writes_the_run_dir_only(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("tensorboard")
+    script = f"""
+import sys
+from determined_launch import core
+from determined_launch.cluster import ClusterInfo
+info = ClusterInfo(container_addrs=("127.0.0.1",), container_rank=0, container_slot_counts=(1,),
+                   slot_ids=(0,), source="test")
+with core.init(info=info, run_dir={str(tmp_path / "run-a")!r},
+               checkpoint_storage={str(tmp_path / "ck")!r}) as ctx:
+    ctx.train.report_training_metrics(1, {{"loss": 0.5, "note": "text"}})
+    ctx.train.report_validation_metrics(1, {{"loss": 0.4}})
+    try:
+        ctx.train.upload_tensorboard_files()
+    except RuntimeError as e:
+        print("refused:", e)
+print("torch loaded:", "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=base_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "only be used in MANUAL mode" in out.stdout
+    assert "torch loaded: False" in out.stdout
+    events = list((tmp_path / "run-a" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    assert _scalars(events[0].parent) == {("training/loss", 1, 0.5), ("validation/loss", 1, 0.4)}
+    assert not (tmp_path / "ck" / "tensorboard").exists()  # a directory is not synced
+
+
+def test_tensorboard_auto_syncs_to_object_storage_and_manual_uploads(
+    tmp_path: pathlib.Path, s3_server: S3Server
+) -> None:
+    pytest.importorskip("tensorboard")
+    block = s3_server.block(s3_server.new_bucket())
+    with core.init(info=info(), run_dir=str(tmp_path / "run-a"), checkpoint_storage=block) as ctx:
+        ctx.train.report_validation_metrics(3, {"loss": 0.25})
+    fetched = tmp_path / "fetched"
+    s3 = s3_server.client()
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=block["bucket"])["Contents"]]
+    synced = [k for k in keys if k.startswith("exp/tensorboard/run-a/events.out.tfevents.")]
+    assert len(synced) == 1, keys
+    fetched.mkdir()
+    s3.download_file(block["bucket"], synced[0], str(fetched / synced[0].rsplit("/", 1)[1]))
+    assert _scalars(fetched) == {("validation/loss", 3, 0.25)}
+
     ck = tmp_path / "ck"
-    with core.init(info=info(), run_dir=str(tmp_path / "run-a"),
-                   checkpoint_storage=str(ck)) as ctx:
-        assert ctx.train.get_tensorboard_path() == tmp_path / "run-a" / "tensorboard"
-        ctx.train.report_training_metrics(1, {"loss": 0.5, "note": "text"})
-        ctx.train.report_validation_metrics(1, {"loss": 0.4})
-        with pytest.raises(RuntimeError, match="only be used in MANUAL mode"):
-            ctx.train.upload_tensorboard_files()
-    synced = list((ck / "tensorboard" / "run-a").glob("events.out.tfevents.*"))
-    assert len(synced) == 1 and synced[0].stat().st_size > 0
-    assert _scalar_tags(synced[0]) == {("training/loss", 1, 0.5), ("validation/loss", 1, 0.4)}
     with core.init(info=info(), run_dir=str(tmp_path / "run-m"), checkpoint_storage=str(ck),
                    tensorboard_mode=core.TensorboardMode.MANUAL) as ctx:
         ctx.train.report_training_metrics(1, {"loss": 0.5})
@@ -165,20 +214,14 @@ def test_tensorboard_auto_and_manual(tmp_path: pathlib.Path) -> None:
     assert (ck / "tensorboard" / "run-m" / "r0-mine.txt").read_text() == "x"
 
 
-def _scalar_tags(path: pathlib.Path) -> set[tuple[str, int, float]]:
-    """(tag, step, value) of every scalar in a TFRecord event file."""
-    import struct
+def _scalars(logdir: pathlib.Path) -> set[tuple[str, int, float]]:
+    """(tag, step, value) of every scalar, read back by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tensorboardX.proto import event_pb2
-
-    data, out, pos = path.read_bytes(), set(), 0
-    while pos < len(data):
-        (length,) = struct.unpack("<Q", data[pos:pos + 8])
-        event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
-        pos += 16 + length
-        for v in event.summary.value:
-            out.add((v.tag, event.step, round(v.simple_value, 6)))
-    return out
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {(tag, e.step, round(e.value, 6))
+            for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
 
 
 def test_gc_cli(tmp_path: pathlib.Path) -> None:

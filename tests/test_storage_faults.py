@@ -23,13 +23,13 @@ from determined_launch.core.storage import (
     parse_storage,
 )
 from tests import _storage_kill_worker as worker
-from tests.storage_servers import FaultProxy, S3Server, fault_proxy, s3_server  # noqa: F401
+from tests.storage_servers import FaultProxy, S3Server
 
 KILLS = 20
 
 
 def test_sigkill_at_20_moments_never_exposes_a_partial_checkpoint(
-    s3_server: S3Server, tmp_path: pathlib.Path  # noqa: F811
+    s3_server: S3Server, tmp_path: pathlib.Path
 ) -> None:
     block = s3_server.block(s3_server.new_bucket())
     run = tmp_path / "run"
@@ -74,7 +74,7 @@ def test_sigkill_at_20_moments_never_exposes_a_partial_checkpoint(
           f"resumed from steps {resumed_from}")
 
 
-def test_503_for_a_while_is_retried(s3_server: S3Server, fault_proxy: FaultProxy,  # noqa: F811
+def test_503_for_a_while_is_retried(s3_server: S3Server, fault_proxy: FaultProxy,
                                     tmp_path: pathlib.Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DET_STORAGE_RETRIES", "4")
@@ -89,7 +89,7 @@ def test_503_for_a_while_is_retried(s3_server: S3Server, fault_proxy: FaultProxy
 
 
 def test_503_forever_fails_in_bounded_time_naming_id_and_url(
-    s3_server: S3Server, fault_proxy: FaultProxy, tmp_path: pathlib.Path,  # noqa: F811
+    s3_server: S3Server, fault_proxy: FaultProxy, tmp_path: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("DET_STORAGE_RETRIES", "2")
@@ -113,7 +113,7 @@ def test_503_forever_fails_in_bounded_time_naming_id_and_url(
 
 
 def test_server_gone_and_bad_credentials_are_one_line(
-    s3_server: S3Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    s3_server: S3Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.conftest import free_port_block
 

@@ -1,21 +1,30 @@
-"""TensorBoard event files for the local Core API (optional: tensorboardX or
-torch's writer with the ``tensorboard`` package; neither is a dependency).
+"""TensorBoard event files for the local Core API (optional: the
+``tensorboard`` package, or tensorboardX; neither is a dependency).
 
 In ``TensorboardMode.AUTO`` the chief writes every reported training and
 validation metric (tags ``training/<name>``, ``validation/<name>``,
-``<group>/<name>``) into ``<run_dir>/tensorboard/`` and syncs new or changed
-files to ``<checkpoint storage>/tensorboard/<run name>/``, so
-``tensorboard --logdir s3://bucket/prefix/tensorboard`` shows every run. In
-``MANUAL`` mode nothing is written; ``upload_tensorboard_files()`` syncs what
-you wrote into ``get_tensorboard_path()``.
+``<group>/<name>``) into ``<run_dir>/tensorboard/``; with object storage it
+also syncs new or changed files to ``<storage>/tensorboard/<run name>/``, so
+``tensorboard --logdir s3://bucket/prefix/tensorboard`` shows every run. A
+directory storage is not synced automatically: the run directories already
+hold the files (``tensorboard --logdir det_runs``). In ``MANUAL`` mode
+nothing is written; ``upload_tensorboard_files()`` copies what you wrote
+into ``get_tensorboard_path()`` to the storage, whatever its kind.
+
+The writer never imports torch behind a Core API script's back (that costs
+seconds per process): the ``tensorboard`` package's event-file writer needs
+neither torch nor TensorFlow; tensorboardX imports torch when torch is
+installed, so it is used only when torch is already loaded or not installed.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib.util
 import logging
 import numbers
 import pathlib
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -35,30 +44,65 @@ class TensorboardMode(enum.Enum):
     MANUAL = "MANUAL"
 
 
-def _writer_class() -> Optional[Callable[..., Any]]:
-    try:
+def choose_writer(*, tensorboard: bool, tensorboardx: bool, torch_loaded: bool,
+                  torch_installed: bool) -> Optional[str]:
+    """Which writer to use, given what is importable: ``"tensorboard"``,
+    ``"tensorboardX"`` or ``None`` (no event files). Pure, for the rule above."""
+    if tensorboard:
+        return "tensorboard"
+    if tensorboardx and (torch_loaded or not torch_installed):
+        return "tensorboardX"
+    return None
+
+
+class _EventWriter:
+    """Scalars into an event file through the ``tensorboard`` package's own
+    writer and protocol buffers (no torch, no TensorFlow)."""
+
+    def __init__(self, logdir: str) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._writer = EventFileWriter(logdir)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=summary))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _writer_class() -> Optional[Callable[[str], Any]]:
+    def found(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    choice = choose_writer(tensorboard=found("tensorboard"), tensorboardx=found("tensorboardX"),
+                           torch_loaded="torch" in sys.modules, torch_installed=found("torch"))
+    if choice == "tensorboard":
+        return _EventWriter
+    if choice == "tensorboardX":
         from tensorboardX import SummaryWriter
 
         return SummaryWriter
-    except ImportError:
-        pass
-    try:
-        import tensorboard  # noqa: F401  (torch's writer needs it)
-        from torch.utils.tensorboard import SummaryWriter as TorchWriter
-
-        return TorchWriter
-    except ImportError:
-        return None
+    return None
 
 
 class TensorboardManager:
     """Writes metrics as event files and syncs the directory to storage."""
 
     def __init__(self, base_path: pathlib.Path, mode: TensorboardMode, *,
-                 upload: Optional[Callable[[str, pathlib.Path], None]], rank: int) -> None:
+                 upload: Optional[Callable[[str, pathlib.Path], None]], rank: int,
+                 auto_sync: bool = True) -> None:
         self.base_path = base_path
         self.mode = TensorboardMode(mode)
         self._upload = upload
+        #: AUTO mode syncs to storage (object stores); MANUAL uploads always do
+        self._auto_sync = auto_sync
         self._rank = rank
         self._writer: Any = None
         self._writer_missing = False
@@ -70,8 +114,8 @@ class TensorboardManager:
             cls = _writer_class()
             if cls is None:
                 self._writer_missing = True
-                logger.info("TensorBoard event files are off: pip install tensorboardX "
-                            "(or tensorboard) to write them")
+                logger.info("TensorBoard event files are off: pip install "
+                            "'determined_launch[tensorboard]' to write them")
                 return None
             self.base_path.mkdir(parents=True, exist_ok=True)
             self._writer = cls(str(self.base_path))
@@ -90,7 +134,8 @@ class TensorboardManager:
             elif hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
                 writer.add_scalar(f"{group}/{name}", float(value.item()), steps_completed)
         writer.flush()
-        self.sync()
+        if self._auto_sync:
+            self.sync()
 
     def sync(
         self,
@@ -124,7 +169,7 @@ class TensorboardManager:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self.mode is TensorboardMode.AUTO and self._rank == 0:
+        if self.mode is TensorboardMode.AUTO and self._rank == 0 and self._auto_sync:
             try:
                 self.sync(force=True)
             except Exception as e:  # never fail a finished run over its plots
