@@ -44,12 +44,7 @@ def main():
         dist = core.DistributedContext.from_torch_distributed()
     period = int(hp.get("period", 4))
     metric = hp.get("metric_name", "loss")
-    # Automatic TensorBoard events (where core has them) import tensorboardX and
-    # torch at the first report: seconds per trial that these tests do not need.
-    extra = {}
-    if hasattr(core, "TensorboardMode"):
-        extra["tensorboard_mode"] = core.TensorboardMode.MANUAL
-    with core.init(distributed=dist, **extra) as ctx:
+    with core.init(distributed=dist) as ctx:
         with open(os.environ["DET_RUN_DIR"] + "/ranks.log", "a") as f:
             f.write(f"{ctx.distributed.rank}/{ctx.distributed.size}\n")
         step = 0
