@@ -152,7 +152,8 @@ def test_tensorboard_auto_and_manual(tmp_path: pathlib.Path) -> None:
         ctx.train.report_validation_metrics(1, {"loss": 0.4})
         with pytest.raises(RuntimeError, match="only be used in MANUAL mode"):
             ctx.train.upload_tensorboard_files()
-    synced = list((ck / "tensorboard" / "run-a").glob("events.out.tfevents.*"))
+    assert not (ck / "tensorboard").exists()  # a directory storage: left in the run dir
+    synced = list((tmp_path / "run-a" / "tensorboard").glob("events.out.tfevents.*"))
     assert len(synced) == 1 and synced[0].stat().st_size > 0
     assert _scalar_tags(synced[0]) == {("training/loss", 1, 0.5), ("validation/loss", 1, 0.4)}
     with core.init(info=info(), run_dir=str(tmp_path / "run-m"), checkpoint_storage=str(ck),
@@ -206,3 +207,18 @@ def test_gc_cli(tmp_path: pathlib.Path) -> None:
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "unsupported scheme" in out.stderr
     assert run("gc").returncode == 2
+
+
+def test_tensorboard_synced_to_object_storage(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("tensorboardX")
+    import fsspec
+
+    url = f"memory://tb-{tmp_path.name}/exp"
+    with core.init(info=info(), run_dir=str(tmp_path / "run-o"), checkpoint_storage=url) as ctx:
+        ctx.train.report_training_metrics(1, {"loss": 0.5})
+        ctx.train.report_training_metrics(2, {"loss": 0.25})
+    found = fsspec.filesystem("memory").find(f"/tb-{tmp_path.name}/exp/tensorboard/run-o")
+    assert len(found) == 1 and "events.out.tfevents" in found[0]
+    local = next((tmp_path / "run-o" / "tensorboard").glob("events.out.tfevents.*"))
+    assert fsspec.filesystem("memory").cat_file(found[0]) == local.read_bytes()  # final sync
+    assert _scalar_tags(local) == {("training/loss", 1, 0.5), ("training/loss", 2, 0.25)}

@@ -31,7 +31,8 @@ def build_storage(spec: StorageSpec, dist: Collectives, run_dir: RunDir,
         backend.put_extra(f"{STORAGE_DIR}/{run_name}/{name}", local)
 
     tb_path = run_dir.path / ("tensorboard" if dist.rank == 0 else f"tensorboard-rank{dist.rank}")
-    tensorboard = TensorboardManager(tb_path, tensorboard_mode, upload=upload, rank=dist.rank)
+    tensorboard = TensorboardManager(tb_path, tensorboard_mode, upload=upload, rank=dist.rank,
+                                     auto_sync=not spec.is_directory)
 
     def after_commit(storage_id: str, metadata: Mapping[str, Any]) -> None:
         run_dir.append(retention.LOG_STREAM, {

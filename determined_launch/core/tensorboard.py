@@ -3,8 +3,8 @@ torch's writer with the ``tensorboard`` package; neither is a dependency).
 
 In ``TensorboardMode.AUTO`` the chief writes every reported training and
 validation metric (tags ``training/<name>``, ``validation/<name>``,
-``<group>/<name>``) into ``<run_dir>/tensorboard/`` and syncs new or changed
-files to ``<checkpoint storage>/tensorboard/<run name>/``, so
+``<group>/<name>``) into ``<run_dir>/tensorboard/`` and, with object storage,
+syncs new or changed files to ``<checkpoint storage>/tensorboard/<run name>/``, so
 ``tensorboard --logdir s3://bucket/prefix/tensorboard`` shows every run. In
 ``MANUAL`` mode nothing is written; ``upload_tensorboard_files()`` syncs what
 you wrote into ``get_tensorboard_path()``.
@@ -55,8 +55,12 @@ class TensorboardManager:
     """Writes metrics as event files and syncs the directory to storage."""
 
     def __init__(self, base_path: pathlib.Path, mode: TensorboardMode, *,
-                 upload: Optional[Callable[[str, pathlib.Path], None]], rank: int) -> None:
+                 upload: Optional[Callable[[str, pathlib.Path], None]], rank: int,
+                 auto_sync: bool = True) -> None:
         self.base_path = base_path
+        # A directory storage is local like the run directory: AUTO mode
+        # leaves the event files there instead of copying them.
+        self._auto_sync = auto_sync
         self.mode = TensorboardMode(mode)
         self._upload = upload
         self._rank = rank
@@ -90,7 +94,8 @@ class TensorboardManager:
             elif hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
                 writer.add_scalar(f"{group}/{name}", float(value.item()), steps_completed)
         writer.flush()
-        self.sync()
+        if self._auto_sync:
+            self.sync()
 
     def sync(
         self,
@@ -124,7 +129,7 @@ class TensorboardManager:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self.mode is TensorboardMode.AUTO and self._rank == 0:
+        if self.mode is TensorboardMode.AUTO and self._rank == 0 and self._auto_sync:
             try:
                 self.sync(force=True)
             except Exception as e:  # never fail a finished run over its plots
