@@ -13,6 +13,7 @@ the three tools see the same machine load; the figure is the median.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import shutil
@@ -89,8 +90,8 @@ def main() -> None:
                     dst = work / "dst"
                     shutil.rmtree(dst, ignore_errors=True)
                     prefix = f"{tool}-{count}-{rep}"
-                    up, down = with_retry(tool, lambda: round_trip(  # noqa: B023
-                        tool, client, endpoint, work, src, dst, prefix))
+                    up, down = with_retry(tool, functools.partial(
+                        round_trip, tool, client, endpoint, work, src, dst, prefix))
                     results.setdefault((layout, "upload", tool), []).append(up)
                     results.setdefault((layout, "download", tool), []).append(down)
                     got = sum(p.stat().st_size for p in dst.rglob("*.bin"))
