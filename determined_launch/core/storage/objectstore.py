@@ -155,7 +155,8 @@ class ObjectStorage:
 
     def abort(self, storage_id: str) -> None:
         with contextlib.suppress(Exception):
-            self.fs.rm(self._path(storage_id), recursive=True)
+            if not self.is_committed(storage_id):  # never undo a commit
+                self.fs.rm(self._path(storage_id), recursive=True)
 
     def release(self, storage_id: str, staging: pathlib.Path) -> None:
         self._staging.pop(storage_id, None)
