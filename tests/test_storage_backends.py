@@ -9,6 +9,7 @@ tests/test_storage_faults.py.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import uuid
 from collections.abc import Callable
@@ -214,3 +215,35 @@ def test_azure_wrong_credentials_are_one_line(azurite: Azurite) -> None:  # noqa
             open_storage(parse_storage(block, where="t"), probe=True)
         assert message in str(e.value) and "\n" not in str(e.value)
         assert AZURITE_KEY not in str(e.value) and conn not in str(e.value)
+
+
+def test_local_workers_share_one_download(tmp_path: pathlib.Path) -> None:
+    """Two ranks on one node: one download, the same directory for both,
+    kept until both have left the block."""
+    import fsspec
+
+    spec = StorageSpec("gs", f"bucket-{uuid.uuid4().hex[:8]}/exp")
+    seed = context(open_storage(spec, fs=fsspec.filesystem("memory")), tmp_path / "seed")
+    with seed.store_path({"steps_completed": 1}) as (path, sid):
+        (path / "w").write_text("weights")
+
+    def rank_main(dist: Any) -> tuple[str, str, list[str]]:
+        dist.cross_rank = 0  # one node
+        ctx = context(open_storage(spec, fs=fsspec.filesystem("memory")),
+                      tmp_path / f"run{dist.rank}", dist)
+        with ctx.restore_path(sid) as path:
+            if dist.rank == 0:
+                pass  # leaves at once; rank 1 must still find the files
+            else:
+                import time
+
+                time.sleep(0.3)
+            content = (path / "w").read_text()
+        dst = tmp_path / "shared-dl"
+        ctx.download(sid, dst)
+        return str(path), content, sorted(os.listdir(dst))
+
+    out = run_ranks(2, rank_main)
+    assert out[0][0] == out[1][0] and out[0][1] == out[1][1] == "weights"
+    assert not pathlib.Path(out[0][0]).exists()  # removed after both left
+    assert out[0][2] == out[1][2] == [METADATA_FILE, "w"]
