@@ -286,18 +286,17 @@ class CheckpointContext:
         self._run_dir.write_pointer(LATEST_POINTER, {"storage_id": previous,
                                                      "pending": storage_id})
         self._backend.commit(storage_id, metadata, files)
+        self._run_dir.write_pointer(
+            LATEST_POINTER, {"storage_id": storage_id, "metadata": dict(metadata)}
+        )
         logger.info("committed checkpoint %s to %s (metadata=%s)", storage_id,
                     self._backend.url, dict(metadata))
-        # Committed: what follows must never turn into an abort of this checkpoint.
-        try:
-            self._run_dir.write_pointer(
-                LATEST_POINTER, {"storage_id": storage_id, "metadata": dict(metadata)}
-            )
-            if self._after_commit is not None:
+        if self._after_commit is not None:
+            try:  # committed: its log line or retention must never fail the save
                 self._after_commit(storage_id, metadata)
-        except Exception as e:
-            logger.warning("checkpoint %s is committed, but updating the run directory "
-                           "(pointer, log, retention) failed: %s", storage_id, e)
+            except Exception as e:
+                logger.warning("checkpoint %s is committed, but the run directory's log or "
+                               "retention failed: %s", storage_id, e)
 
     # --- reading -----------------------------------------------------------
 
