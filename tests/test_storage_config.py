@@ -63,6 +63,7 @@ def test_every_form(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> 
     ("ftp://x/y", "unsupported scheme 'ftp'"),
     ("s3://", "missing the bucket"),
     ("file://rel", "needs an absolute path"),
+    ("no-such-exp.yaml", "w: no-such-exp.yaml: no such YAML file"),
     (["s3://b"], "expected a directory, a URL or a checkpoint_storage block"),
 ])
 def test_bad_storage_is_one_line_naming_the_field(value: Any, message: str) -> None:
