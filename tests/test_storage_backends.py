@@ -35,6 +35,29 @@ from tests.storage_servers import Azurite, S3Server, azurite, s3_server  # noqa:
 Factory = Callable[[], StorageBackend]
 
 
+def memory_fs() -> Any:
+    """fsspec's memory filesystem, with reads serialized: its files are shared
+    in-process objects with one read position, so two threads reading one
+    object at once (ranks as threads) can see each other's position. Real
+    stores have no such limit; this only makes the stand-in thread-safe."""
+    import threading
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class LockedMemoryFS(MemoryFileSystem):
+        _lock = threading.RLock()
+
+        def get_file(self, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return super().get_file(*args, **kwargs)
+
+        def cat_file(self, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return super().cat_file(*args, **kwargs)
+
+    return LockedMemoryFS(skip_instance_cache=True)
+
+
 @pytest.fixture(params=["dir", "s3", "azure", "gs-memory"])
 def make_backend(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Factory:
     kind = request.param
@@ -50,10 +73,8 @@ def make_backend(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Fact
         spec = parse_storage({"type": "azure", "container": az.new_container(), "prefix": "exp",
                               "connection_string": az.connection_string}, where="test")
         return lambda: open_storage(spec, probe=True)
-    import fsspec
-
     spec = StorageSpec("gs", f"bucket-{uuid.uuid4().hex[:8]}/exp")
-    return lambda: open_storage(spec, fs=fsspec.filesystem("memory"))
+    return lambda: open_storage(spec, fs=memory_fs())
 
 
 def context(backend: StorageBackend, run: pathlib.Path, dist: Any = None) -> CheckpointContext:
@@ -220,16 +241,14 @@ def test_azure_wrong_credentials_are_one_line(azurite: Azurite) -> None:  # noqa
 def test_local_workers_share_one_download(tmp_path: pathlib.Path) -> None:
     """Two ranks on one node: one download, the same directory for both,
     kept until both have left the block."""
-    import fsspec
-
     spec = StorageSpec("gs", f"bucket-{uuid.uuid4().hex[:8]}/exp")
-    seed = context(open_storage(spec, fs=fsspec.filesystem("memory")), tmp_path / "seed")
+    seed = context(open_storage(spec, fs=memory_fs()), tmp_path / "seed")
     with seed.store_path({"steps_completed": 1}) as (path, sid):
         (path / "w").write_text("weights")
 
     def rank_main(dist: Any) -> tuple[str, str, list[str]]:
         dist.cross_rank = 0  # one node
-        ctx = context(open_storage(spec, fs=fsspec.filesystem("memory")),
+        ctx = context(open_storage(spec, fs=memory_fs()),
                       tmp_path / f"run{dist.rank}", dist)
         with ctx.restore_path(sid) as path:
             if dist.rank == 0:

@@ -119,12 +119,21 @@ class ObjectStorage:
     def begin(self, storage_id: str) -> pathlib.Path:
         return self.staging_dir(storage_id)
 
-    def put(self, storage_id: str, src: pathlib.Path, files: Mapping[str, int]) -> None:
-        def task(rel: str) -> Any:
-            return lambda: self.fs.put_file(str(src / rel), self._path(storage_id, rel))
+    def _transfer(self, tasks: list[tuple[str, int, Any]], verb: str, label: str) -> None:
+        if getattr(self.fs, "async_impl", False):
+            transfer.run_async(self.fs, tasks, verb=verb, label=label, url=self.url)
+        else:
+            transfer.run_parallel(tasks, verb=verb, label=label, url=self.url)
 
-        transfer.run_parallel([(rel, size, task(rel)) for rel, size in sorted(files.items())],
-                              verb="uploading", label=storage_id, url=self.url)
+    def put(self, storage_id: str, src: pathlib.Path, files: Mapping[str, int]) -> None:
+        # Async filesystems get coroutine factories (_put_file), others plain calls.
+        put = self.fs._put_file if getattr(self.fs, "async_impl", False) else self.fs.put_file
+
+        def task(rel: str) -> Any:
+            return lambda: put(str(src / rel), self._path(storage_id, rel))
+
+        self._transfer([(rel, size, task(rel)) for rel, size in sorted(files.items())],
+                       "uploading", storage_id)
 
     def _stored(self, storage_id: str) -> dict[str, int]:
         self._fresh()
@@ -204,15 +213,15 @@ class ObjectStorage:
         files = {rel: size for rel, size in self._stored(storage_id).items()
                  if selector is None or selector(rel)}
         dst.mkdir(parents=True, exist_ok=True)
+        for rel in files:
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        get = self.fs._get_file if getattr(self.fs, "async_impl", False) else self.fs.get_file
 
         def task(rel: str) -> Any:
-            def get() -> None:
-                (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self._path(storage_id, rel), str(dst / rel))
-            return get
+            return lambda: get(self._path(storage_id, rel), str(dst / rel))
 
-        transfer.run_parallel([(rel, size, task(rel)) for rel, size in sorted(files.items())],
-                              verb="downloading", label=storage_id, url=self.url)
+        self._transfer([(rel, size, task(rel)) for rel, size in sorted(files.items())],
+                       "downloading", storage_id)
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str, selector: Selector) -> Iterator[pathlib.Path]:
