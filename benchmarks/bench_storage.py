@@ -84,9 +84,11 @@ def main() -> None:
         for count in (64, 1):
             src = work / f"src-{count}"
             make_files(src, total, count)
+            os.sync()  # no write-back of the source files during the first timed run
             layout = f"{count} file{'s' if count > 1 else ''}"
             for rep in range(args.reps):
-                for tool in ("ours", "s3fs", "boto3"):
+                order = ("ours", "s3fs", "boto3")
+                for tool in order[rep % 3:] + order[:rep % 3]:  # no tool always first
                     dst = work / "dst"
                     shutil.rmtree(dst, ignore_errors=True)
                     prefix = f"{tool}-{count}-{rep}"
