@@ -34,7 +34,10 @@ from determined_launch.core.storage.base import (
 )
 from determined_launch.core.storage.spec import StorageConfigError, StorageSpec
 
-#: Part size of S3 multipart uploads.
+#: S3: files up to this size go in one request, read whole (many files
+#: already run in parallel); larger ones stream in parts of S3_UPLOAD_PART, ten
+#: in flight. So an upload holds at most about DET_STORAGE_PARALLEL x 80 MiB.
+S3_SINGLE_PUT_MAX = 16 << 20
 S3_UPLOAD_PART = 8 << 20
 
 
@@ -131,14 +134,16 @@ class ObjectStorage:
     def put(self, storage_id: str, src: pathlib.Path, files: Mapping[str, int]) -> None:
         # Async filesystems get coroutine factories (_put_file), others plain calls.
         put = self.fs._put_file if getattr(self.fs, "async_impl", False) else self.fs.put_file
-        # s3fs sends 50 MiB parts by default; 8 MiB parts (boto3's transfer
-        # manager's size) keep ten in flight for a 100 MB file, not two.
-        parts = {"chunksize": S3_UPLOAD_PART} if self.spec.protocol == "s3" else {}
 
-        def task(rel: str) -> Any:
-            return lambda: put(str(src / rel), self._path(storage_id, rel), **parts)
+        def task(rel: str, size: int) -> Any:
+            # s3fs sends 50 MiB parts by default; 8 MiB parts (boto3's size) keep
+            # ten in flight for a 100 MB file, not two. Small files: one request.
+            kw: dict[str, Any] = {}
+            if self.spec.protocol == "s3":
+                kw["chunksize"] = S3_UPLOAD_PART if size > S3_SINGLE_PUT_MAX else size + 1
+            return lambda: put(str(src / rel), self._path(storage_id, rel), **kw)
 
-        self._transfer([(rel, size, task(rel)) for rel, size in sorted(files.items())],
+        self._transfer([(rel, size, task(rel, size)) for rel, size in sorted(files.items())],
                        "uploading", storage_id)
 
     def _stored(self, storage_id: str) -> dict[str, int]:

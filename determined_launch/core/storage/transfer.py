@@ -27,7 +27,7 @@ RETRIES_ENV = "DET_STORAGE_RETRIES"
 #: Files in flight at once; DET_STORAGE_PARALLEL overrides. Async filesystems
 #: (s3fs, gcsfs, adlfs) run them as coroutines on their event loop, others
 #: on threads (at most 16).
-DEFAULT_PARALLEL = 64
+DEFAULT_PARALLEL = 16
 PARALLEL_ENV = "DET_STORAGE_PARALLEL"
 _MAX_THREADS = 16
 #: A transfer running longer than this prints a progress line, then every PROGRESS_EVERY.
