@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from determined_launch.core import DownloadMode
 from determined_launch.core._context import _single_process
@@ -35,27 +37,29 @@ from tests.storage_servers import Azurite, S3Server, azurite, s3_server  # noqa:
 Factory = Callable[[], StorageBackend]
 
 
+class _LockedMemoryFS(MemoryFileSystem):  # type: ignore[misc]
+    """fsspec's memory filesystem with its reads and writes serialized: its
+    files are shared in-process objects with one read position (open('rb')
+    returns the stored object itself), so ranks running as threads would see
+    each other's position. Real stores have no such limit."""
+
+    _lock = threading.RLock()
+
+    def get_file(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().get_file(*args, **kwargs)
+
+    def put_file(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().put_file(*args, **kwargs)
+
+    def cat_file(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().cat_file(*args, **kwargs)
+
+
 def memory_fs() -> Any:
-    """fsspec's memory filesystem, with reads serialized: its files are shared
-    in-process objects with one read position, so two threads reading one
-    object at once (ranks as threads) can see each other's position. Real
-    stores have no such limit; this only makes the stand-in thread-safe."""
-    import threading
-
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    class LockedMemoryFS(MemoryFileSystem):
-        _lock = threading.RLock()
-
-        def get_file(self, *args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                return super().get_file(*args, **kwargs)
-
-        def cat_file(self, *args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                return super().cat_file(*args, **kwargs)
-
-    return LockedMemoryFS(skip_instance_cache=True)
+    return _LockedMemoryFS(skip_instance_cache=True)
 
 
 @pytest.fixture(params=["dir", "s3", "azure", "gs-memory"])
