@@ -21,6 +21,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -69,8 +70,10 @@ class S3Server:
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
     def new_bucket(self) -> str:
+        # Unique across servers: moto keeps one in-memory S3 per process, shared
+        # by every server a session starts (each test module gets its own).
         self._n += 1
-        name = f"ckpt-{self._n}"
+        name = f"ckpt-{self._n}-{uuid.uuid4().hex[:8]}"
         self.client().create_bucket(Bucket=name)
         return name
 
@@ -108,7 +111,7 @@ class Azurite:
         import adlfs
 
         self._n += 1
-        name = f"ckpt-{self._n}"
+        name = f"ckpt-{self._n}-{uuid.uuid4().hex[:8]}"
         adlfs.AzureBlobFileSystem(connection_string=self.connection_string).mkdir(name)
         return name
 

@@ -9,12 +9,15 @@ tests/test_storage_faults.py.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from determined_launch.core import DownloadMode
 from determined_launch.core._context import _single_process
@@ -34,6 +37,31 @@ from tests.storage_servers import Azurite, S3Server
 Factory = Callable[[], StorageBackend]
 
 
+class _LockedMemoryFS(MemoryFileSystem):  # type: ignore[misc]
+    """fsspec's memory filesystem with its reads and writes serialized: its
+    files are shared in-process objects with one read position (open('rb')
+    returns the stored object itself), so ranks running as threads would see
+    each other's position. Real stores have no such limit."""
+
+    _lock = threading.RLock()
+
+    def get_file(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().get_file(*args, **kwargs)
+
+    def put_file(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().put_file(*args, **kwargs)
+
+    def cat_file(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().cat_file(*args, **kwargs)
+
+
+def memory_fs() -> Any:
+    return _LockedMemoryFS(skip_instance_cache=True)
+
+
 @pytest.fixture(params=["dir", "s3", "azure", "gs-memory"])
 def make_backend(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Factory:
     kind = request.param
@@ -49,10 +77,8 @@ def make_backend(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Fact
         spec = parse_storage({"type": "azure", "container": az.new_container(), "prefix": "exp",
                               "connection_string": az.connection_string}, where="test")
         return lambda: open_storage(spec, probe=True)
-    import fsspec
-
     spec = StorageSpec("gs", f"bucket-{uuid.uuid4().hex[:8]}/exp")
-    return lambda: open_storage(spec, fs=fsspec.filesystem("memory"))
+    return lambda: open_storage(spec, fs=memory_fs())
 
 
 def context(backend: StorageBackend, run: pathlib.Path, dist: Any = None) -> CheckpointContext:
@@ -214,3 +240,33 @@ def test_azure_wrong_credentials_are_one_line(azurite: Azurite) -> None:
             open_storage(parse_storage(block, where="t"), probe=True)
         assert message in str(e.value) and "\n" not in str(e.value)
         assert AZURITE_KEY not in str(e.value) and conn not in str(e.value)
+
+
+def test_local_workers_share_one_download(tmp_path: pathlib.Path) -> None:
+    """Two ranks on one node: one download, the same directory for both,
+    kept until both have left the block."""
+    spec = StorageSpec("gs", f"bucket-{uuid.uuid4().hex[:8]}/exp")
+    seed = context(open_storage(spec, fs=memory_fs()), tmp_path / "seed")
+    with seed.store_path({"steps_completed": 1}) as (path, sid):
+        (path / "w").write_text("weights")
+
+    def rank_main(dist: Any) -> tuple[str, str, list[str]]:
+        dist.cross_rank = 0  # one node
+        ctx = context(open_storage(spec, fs=memory_fs()),
+                      tmp_path / f"run{dist.rank}", dist)
+        with ctx.restore_path(sid) as path:
+            if dist.rank == 0:
+                pass  # leaves at once; rank 1 must still find the files
+            else:
+                import time
+
+                time.sleep(0.3)
+            content = (path / "w").read_text()
+        dst = tmp_path / "shared-dl"
+        ctx.download(sid, dst)
+        return str(path), content, sorted(os.listdir(dst))
+
+    out = run_ranks(2, rank_main)
+    assert out[0][0] == out[1][0] and out[0][1] == out[1][1] == "weights"
+    assert not pathlib.Path(out[0][0]).exists()  # removed after both left
+    assert out[0][2] == out[1][2] == [METADATA_FILE, "w"]

@@ -64,6 +64,7 @@ def test_every_form(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> 
     ("ftp://x/y", "unsupported scheme 'ftp'"),
     ("s3://", "missing the bucket"),
     ("file://rel", "needs an absolute path"),
+    ("no-such-exp.yaml", "w: no-such-exp.yaml: no such YAML file"),
     (["s3://b"], "expected a directory, a URL or a checkpoint_storage block"),
 ])
 def test_bad_storage_is_one_line_naming_the_field(value: Any, message: str) -> None:
@@ -249,3 +250,84 @@ def test_gc_cli(tmp_path: pathlib.Path) -> None:
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "unsupported scheme" in out.stderr
     assert run("gc").returncode == 2
+
+
+def test_tensorboard_synced_to_object_storage(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("tensorboard")
+    import fsspec
+
+    url = f"memory://tb-{tmp_path.name}/exp"
+    with core.init(info=info(), run_dir=str(tmp_path / "run-o"), checkpoint_storage=url) as ctx:
+        ctx.train.report_training_metrics(1, {"loss": 0.5})
+        ctx.train.report_training_metrics(2, {"loss": 0.25})
+    found = fsspec.filesystem("memory").find(f"/tb-{tmp_path.name}/exp/tensorboard/run-o")
+    assert len(found) == 1 and "events.out.tfevents" in found[0]
+    local = next((tmp_path / "run-o" / "tensorboard").glob("events.out.tfevents.*"))
+    assert fsspec.filesystem("memory").cat_file(found[0]) == local.read_bytes()  # final sync
+    assert _scalars(local.parent) == {("training/loss", 1, 0.5), ("training/loss", 2, 0.25)}
+
+
+@pytest.mark.parametrize("url", ["dir", "memory"])
+def test_commit_checks_every_reported_file(url: str, tmp_path: pathlib.Path) -> None:
+    from determined_launch.core.storage import open_storage
+
+    where = str(tmp_path / "ck") if url == "dir" else f"memory://c-{tmp_path.name}/x"
+    backend = open_storage(parse_storage(where, where="t"))
+    staging = backend.begin("s1")
+    (staging / "a").write_bytes(b"12345")
+    backend.put("s1", staging, {"a": 5})
+    with pytest.raises(RuntimeError, match="s1 .*not committed: b is missing"):
+        backend.commit("s1", {}, {"a": 5, "b": 1})
+    if url == "memory":  # sizes are compared too
+        with pytest.raises(RuntimeError, match="a is 5 bytes, not 6"):
+            backend.commit("s1", {}, {"a": 6})
+    assert not backend.is_committed("s1")
+    backend.commit("s1", {"k": 1}, {"a": 5})
+    assert backend.is_committed("s1") and backend.get_metadata("s1") == {"k": 1}
+
+
+def test_transfer_retries_backoff_and_progress(monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import time
+
+    from determined_launch.core.storage import transfer
+
+    monkeypatch.setattr(transfer, "_BACKOFF_BASE", 0.01)
+    monkeypatch.setattr(transfer, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setenv("DET_STORAGE_RETRIES", "3")
+    calls = {"flaky": 0, "dead": 0, "denied": 0}
+
+    def flaky() -> None:
+        calls["flaky"] += 1
+        time.sleep(0.05)
+        if calls["flaky"] < 3:
+            raise OSError("503 Slow Down")
+
+    caplog.set_level(logging.INFO, "determined_launch.core")
+    transfer.run_parallel([("f", 10 << 20, flaky)], verb="uploading", label="id1", url="s3://b/p")
+    assert calls["flaky"] == 3
+    assert any("uploading id1: " in r.getMessage() and "MB" in r.getMessage()
+               for r in caplog.records)
+
+    def dead() -> None:
+        calls["dead"] += 1
+        raise OSError("connection refused")
+
+    with pytest.raises(transfer.StorageTransferError) as e:
+        transfer.run_parallel([("model.pt", 1, dead)], verb="uploading", label="id2",
+                              url="s3://b/p")
+    assert calls["dead"] == 3
+    assert str(e.value) == ("uploading checkpoint id2 at s3://b/p failed after 3 attempt(s): "
+                            "model.pt: OSError: connection refused")
+
+    def denied() -> None:
+        calls["denied"] += 1
+        raise PermissionError("AccessDenied")
+
+    with pytest.raises(transfer.StorageTransferError, match="PermissionError"):
+        transfer.run_parallel([("m", 1, denied)], verb="uploading", label="id3", url="s3://b")
+    assert calls["denied"] == 1  # refused credentials do not heal: no retry
+    monkeypatch.setenv("DET_STORAGE_RETRIES", "zero")
+    with pytest.raises(transfer.StorageTransferError, match="DET_STORAGE_RETRIES='zero'"):
+        transfer.attempts()

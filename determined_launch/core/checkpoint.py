@@ -256,12 +256,21 @@ class CheckpointContext:
 
     def _upload_sharded(self, src: Optional[pathlib.Path], metadata: Optional[Mapping[str, Any]],
                         selector: Optional[Callable[[str], bool]]) -> str:
-        storage_id, _staging, error = self._begin_sharded()
+        storage_id, staging, error = self._begin_sharded()
+        try:
+            return self._upload_sharded_in(storage_id, src, metadata, selector, error)
+        finally:
+            self._backend.release(storage_id, staging)
+
+    def _upload_sharded_in(self, storage_id: str, src: Optional[pathlib.Path],
+                           metadata: Optional[Mapping[str, Any]],
+                           selector: Optional[Callable[[str], bool]],
+                           error: Optional[BaseException]) -> str:
         uid = None
         if src is not None:
             st = os.stat(src)
-            uid = (socket.gethostname(), st.st_dev, st.st_ino)
-        uids = self._dist.allgather(uid)
+            uid = [socket.gethostname(), st.st_dev, st.st_ino]  # a list survives any wire format
+        uids = [list(u) if u is not None else None for u in self._dist.allgather(uid)]
         if not any(u is not None for u in uids):
             raise RuntimeError("checkpoint.upload(ckpt_dir=None, shard=True) on every rank "
                                "would upload nothing; at least one rank must pass a directory")
@@ -285,7 +294,11 @@ class CheckpointContext:
         logger.info("committed checkpoint %s to %s (metadata=%s)", storage_id,
                     self._backend.url, dict(metadata))
         if self._after_commit is not None:
-            self._after_commit(storage_id, metadata)
+            try:  # committed: its log line or retention must never fail the save
+                self._after_commit(storage_id, metadata)
+            except Exception as e:
+                logger.warning("checkpoint %s is committed, but the run directory's log or "
+                               "retention failed: %s", storage_id, e)
 
     # --- reading -----------------------------------------------------------
 

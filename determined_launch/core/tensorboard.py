@@ -135,7 +135,10 @@ class TensorboardManager:
                 writer.add_scalar(f"{group}/{name}", float(value.item()), steps_completed)
         writer.flush()
         if self._auto_sync:
-            self.sync()
+            try:
+                self.sync()
+            except Exception as e:  # plots never stop training; retried at the next report
+                logger.warning("TensorBoard sync to storage failed: %s", e)
 
     def sync(
         self,

@@ -232,12 +232,12 @@ class Trainer:
             find_state_file(latest)  # not a checkpoint: say so before anything runs
             return latest
         try:
-            with self._core.checkpoint.restore_path(latest):
-                pass
+            # Checks that it is committed without downloading it (object storage).
+            self._core.checkpoint.get_metadata(latest)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(
                 f"fit(latest_checkpoint={latest!r}): neither a checkpoint directory nor a "
-                f"storage id in {self._core.checkpoint.storage_dir} ({e}); pass a checkpoint "
+                f"storage id in {self._core.checkpoint.storage_url} ({e}); pass a checkpoint "
                 "directory, a storage id, or 'latest'"
             ) from None
         return latest

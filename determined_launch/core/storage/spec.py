@@ -103,7 +103,9 @@ def parse_storage(value: Any, *, where: str) -> StorageSpec:
             f"{where}: expected a directory, a URL or a checkpoint_storage block, got {value!r}"
         )
     value = value.strip()
-    if "://" not in value and value.endswith((".yaml", ".yml")) and os.path.isfile(value):
+    if "://" not in value and value.endswith((".yaml", ".yml")) and not os.path.isdir(value):
+        if not os.path.isfile(value):  # a typo must not become a new directory
+            raise StorageConfigError(f"{where}: {value}: no such YAML file")
         return _parse_block(_load_yaml(value), f"{where} ({value})")
     if "://" not in value:
         return StorageSpec("file", str(pathlib.Path(value).expanduser().absolute()))

@@ -10,22 +10,26 @@ training process never hangs on a dead server.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Optional
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Optional
 
 logger = logging.getLogger("determined_launch.core")
 
 #: Attempts per file (first try + retries); DET_STORAGE_RETRIES overrides.
 DEFAULT_ATTEMPTS = 5
 RETRIES_ENV = "DET_STORAGE_RETRIES"
-#: Parallel file transfers; DET_STORAGE_THREADS overrides.
-DEFAULT_THREADS = 16
-THREADS_ENV = "DET_STORAGE_THREADS"
+#: Files in flight at once; DET_STORAGE_PARALLEL overrides. Async filesystems
+#: (s3fs, gcsfs, adlfs) run them as coroutines on their event loop, others
+#: on threads (at most 16).
+DEFAULT_PARALLEL = 16
+PARALLEL_ENV = "DET_STORAGE_PARALLEL"
+_MAX_THREADS = 16
 #: A transfer running longer than this prints a progress line, then every PROGRESS_EVERY.
 PROGRESS_AFTER = 3.0
 PROGRESS_EVERY = 5.0
@@ -55,8 +59,8 @@ def attempts() -> int:
     return _env_int(RETRIES_ENV, DEFAULT_ATTEMPTS, 1)
 
 
-def threads() -> int:
-    return _env_int(THREADS_ENV, DEFAULT_THREADS, 1)
+def parallel() -> int:
+    return _env_int(PARALLEL_ENV, DEFAULT_PARALLEL, 1)
 
 
 def with_retries(fn: Callable[[], object], what: str, *, tries: Optional[int] = None) -> None:
@@ -137,7 +141,7 @@ def run_parallel(
     progress = _Progress(verb, label, sum(t[1] for t in tasks), len(tasks))
     tries = attempts()
     try:
-        workers = min(threads(), len(tasks))
+        workers = min(parallel(), _MAX_THREADS, len(tasks))
         with concurrent.futures.ThreadPoolExecutor(workers, "det-storage") as pool:
             futures = {}
             for name, size, fn in tasks:
@@ -156,3 +160,55 @@ def run_parallel(
                 progress.add(size)
     finally:
         progress.close()
+
+
+def run_async(
+    fs: Any,
+    tasks: Sequence[tuple[str, int, Callable[[], Awaitable[Any]]]],
+    *,
+    verb: str,
+    label: str,
+    url: str,
+) -> None:
+    """``run_parallel`` for an async fsspec filesystem: every task is a
+    coroutine on the filesystem's own event loop (as s3fs's ``put``/``get``
+    run), up to ``parallel()`` at once, each with the same bounded retries."""
+    from fsspec.asyn import sync
+
+    if not tasks:
+        return
+    tries = attempts()
+    progress = _Progress(verb, label, sum(t[1] for t in tasks), len(tasks))
+
+    async def one(gate: asyncio.Semaphore, name: str, size: int,
+                  make: Callable[[], Awaitable[Any]]) -> None:
+        async with gate:
+            for attempt in range(1, tries + 1):
+                try:
+                    await make()
+                    break
+                except (FileNotFoundError, PermissionError):
+                    raise
+                except Exception as e:
+                    if attempt == tries:
+                        raise
+                    delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
+                    logger.warning("%s %s failed (%s: %s); retry %d/%d in %.1f s", verb, name,
+                                   type(e).__name__, _first_line(e), attempt, tries - 1, delay)
+                    await asyncio.sleep(delay)
+        progress.add(size)
+
+    async def everything() -> list[Any]:
+        gate = asyncio.Semaphore(parallel())
+        return await asyncio.gather(*(one(gate, *t) for t in tasks), return_exceptions=True)
+
+    try:
+        results = sync(fs.loop, everything)
+    finally:
+        progress.close()
+    for (name, _, _), result in zip(tasks, results):
+        if isinstance(result, BaseException):
+            raise StorageTransferError(
+                f"{verb} checkpoint {label} at {url} failed after {tries} attempt(s): "
+                f"{name}: {type(result).__name__}: {_first_line(result)}"
+            ) from result
