@@ -140,6 +140,20 @@ def test_rerun_resumes_from_the_newest_committed_checkpoint(cwd: pathlib.Path) -
     assert det.get_cluster_info().latest_checkpoint is None
 
 
+def test_rerun_resumes_with_storage_given_as_a_yaml_block(
+    cwd: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A storage block in a file (what det-launch experiment hands its trials) is no directory
+    # to look into: the pointer, written only after a commit, names the resume point.
+    block = cwd / "storage.yaml"
+    block.write_text(f"type: shared_fs\nhost_path: {cwd / 'shared'}\n")
+    monkeypatch.setenv("DET_CHECKPOINT_STORAGE", str(block))
+    run = cwd / "det_runs" / "local"
+    storage_id = _commit(run, det.get_cluster_info(), 5)
+    assert (cwd / "shared" / storage_id / "metadata.json").is_file()
+    assert det.get_cluster_info().latest_checkpoint == storage_id
+
+
 def test_a_named_trial_resumes_only_its_own_checkpoints(cwd: pathlib.Path) -> None:
     trial7 = _info(trial={"trial_id": 7, "hparams": {}})
     ckpt = _commit(cwd / "det_runs" / "trial-7", trial7, 3)

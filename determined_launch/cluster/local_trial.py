@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -189,6 +190,8 @@ def _storage_dir(info: ClusterInfo, env: Mapping[str, str],
         raw = raw[len("file://"):]
     if "://" in raw:
         return None
+    if raw.endswith((".yaml", ".yml")) and not os.path.isdir(raw):
+        return None  # a storage block in a file (core/storage/spec.py reads it the same way)
     return pathlib.Path(raw).expanduser().absolute()
 
 
