@@ -20,12 +20,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, Optional
+from typing import Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect, detector_names
 from determined_launch.cluster.local_trial import complete
-from determined_launch.errors import EXIT_USAGE, LaunchError
+from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.launcher import (
     LauncherOptions,
     detection_env,
@@ -42,16 +42,10 @@ BACKENDS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line (``--help`` keeps the usage)."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"det-launch: error: {message} (see det-launch --help)", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog="det-launch",
         description="Determined's distributed launch layer for any cluster.",
         epilog="Exit status: 0 success; the first failing worker's status (128+N for signal "

@@ -9,6 +9,10 @@ workers acknowledged, meaning "resumable: run the same command again".
 
 from __future__ import annotations
 
+import argparse
+import sys
+from typing import NoReturn
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 # sysexits' EX_TEMPFAIL: "temporary failure, the user is invited to retry".
@@ -43,3 +47,12 @@ class InternalException(Exception):
 
 class InvalidCheckpointException(Exception):
     """A checkpoint is missing files or was written by an incompatible trial."""
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line naming the command and exit
+    status 2 (``--help`` keeps the full usage). Subcommand parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)

@@ -15,21 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from determined_launch.core.storage import open_storage, parse_storage
-from determined_launch.errors import EXIT_USAGE, LaunchError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"det-launch checkpoints: error: {message} (see det-launch checkpoints --help)",
-              file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="det-launch checkpoints",
+    p = UsageParser(prog="det-launch checkpoints",
                 description="List committed checkpoints, or find and remove what "
                             "interrupted saves left behind.")
     sub = p.add_subparsers(dest="action", required=True)

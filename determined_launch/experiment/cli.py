@@ -17,11 +17,11 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from determined_launch import config, values
 from determined_launch.config import Option
-from determined_launch.errors import EXIT_USAGE, LaunchError
+from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.experiment.command import BACKENDS
 
 OPTIONS: tuple[Option, ...] = (
@@ -40,15 +40,10 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"det-launch experiment: error: {message} (see det-launch experiment --help)",
-              file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="det-launch experiment",
+    p = UsageParser(prog="det-launch experiment",
                 usage="det-launch experiment CONFIG.yaml [OPTIONS] "
                       "[{torch,horovod,deepspeed,exec} [OVERRIDES... --] SCRIPT...]\n"
                       "       det-launch experiment --status DIR",
