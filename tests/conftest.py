@@ -154,6 +154,25 @@ def launcher_cmd(*args: str, module: str = "determined_launch.torch_distributed"
     return [sys.executable, "-m", module, *args]
 
 
+def exec_on_two_nodes(tmp_path: Path, command: Sequence[str], launches: list[Launch], *,
+                      launcher_flags: Sequence[str] = (), **extra: str) -> list[Launch]:
+    """``det-launch [launcher_flags] exec -- command`` as two simulated nodes on loopback
+    (one cluster-info file each, one secret), started and registered for cleanup."""
+    port = free_port_block()
+    nodes = []
+    for rank in (0, 1):
+        path = write_cluster_info(
+            tmp_path / f"node{rank}.json", container_addrs=["127.0.0.1", "127.0.0.1"],
+            container_rank=rank, container_slot_counts=[1, 1])
+        env = base_env(DET_CLUSTER_INFO_FILE=str(path), C10D_PORT=str(port),
+                       DET_DIST_SECRET="e" * 32, DET_KILL_AFTER="3", **extra)
+        argv = [sys.executable, "-m", "determined_launch.cli", *launcher_flags, "exec", "--",
+                *command]
+        nodes.append(Launch(argv, env))
+    launches.extend(nodes)
+    return nodes
+
+
 def wait_for_file(path: Path, timeout: float, what: Optional[str] = None) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():

@@ -18,7 +18,7 @@ from determined_launch.backends import exec as exec_backend
 from determined_launch.backends.plan import BackendArgs, JobRuntime
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.launcher import LauncherOptions
-from tests.conftest import WORKERS, Launch, base_env, free_port_block, write_cluster_info
+from tests.conftest import WORKERS, Launch, base_env, exec_on_two_nodes
 
 LAUNCHER = str(WORKERS / "det_compat_launcher.py")
 PEER_SITE = sorted(glob.glob(os.path.expanduser(
@@ -81,17 +81,7 @@ def test_import_determined_outside_the_entry_points_names_the_fix() -> None:
 def test_tutorial_launcher_with_determined_module_names_on_two_nodes(
     tmp_path: Path, launches: list[Launch]
 ) -> None:
-    port = free_port_block()
-    nodes = []
-    for rank in (0, 1):
-        path = write_cluster_info(
-            tmp_path / f"node{rank}.json", container_addrs=["127.0.0.1", "127.0.0.1"],
-            container_rank=rank, container_slot_counts=[1, 1])
-        env = base_env(DET_CLUSTER_INFO_FILE=str(path), C10D_PORT=str(port),
-                       DET_DIST_SECRET="c" * 32, DET_KILL_AFTER="3")
-        nodes.append(Launch([sys.executable, "-m", "determined_launch.cli", "exec", "--",
-                             sys.executable, LAUNCHER], env))
-    launches.extend(nodes)
+    nodes = exec_on_two_nodes(tmp_path, [sys.executable, LAUNCHER], launches)
     for node, launch in enumerate(reversed(nodes)):
         rank = 1 - node
         assert launch.wait(60) == 0, launch.stderr

@@ -12,7 +12,7 @@ from determined_launch.backends import exec as exec_backend
 from determined_launch.backends.plan import BackendArgs, JobRuntime
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
-from tests.conftest import WORKERS, Launch, base_env, free_port_block, write_cluster_info
+from tests.conftest import WORKERS, Launch, exec_on_two_nodes
 
 EXEC_NODE = str(WORKERS / "exec_node.py")
 
@@ -42,18 +42,8 @@ def test_plan_refuses_backend_options() -> None:
 
 
 def two_nodes(tmp_path: Path, launches: list[Launch], **extra: str) -> tuple[Launch, Launch]:
-    port = free_port_block()
-    nodes = []
-    for rank in (0, 1):
-        path = write_cluster_info(
-            tmp_path / f"node{rank}.json", container_addrs=["127.0.0.1", "127.0.0.1"],
-            container_rank=rank, container_slot_counts=[1, 1])
-        env = base_env(DET_CLUSTER_INFO_FILE=str(path), C10D_PORT=str(port),
-                       DET_DIST_SECRET="e" * 32, DET_KILL_AFTER="3", **extra)
-        nodes.append(Launch([sys.executable, "-m", "determined_launch.cli", "exec", "--",
-                             sys.executable, EXEC_NODE], env))
-    launches.extend(nodes)
-    return nodes[0], nodes[1]
+    chief, node1 = exec_on_two_nodes(tmp_path, [sys.executable, EXEC_NODE], launches, **extra)
+    return chief, node1
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from determined_launch import core
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import LocalTrialOptions, complete
 from determined_launch.errors import ClusterInfoError
-from tests.conftest import WORKERS, Launch, base_env, free_port_block, write_cluster_info
+from tests.conftest import WORKERS, Launch, base_env, exec_on_two_nodes
 
 TUTORIAL = str(WORKERS / "tutorial_resume.py")
 
@@ -205,22 +205,11 @@ def test_tutorial_4_on_two_nodes_preempted_then_rerun_resumes(
     preempt = tmp_path / "preempt-now"
 
     def two_nodes(**extra: str) -> list[Launch]:
-        port = free_port_block()
-        nodes = []
-        for rank in (0, 1):
-            path = write_cluster_info(
-                tmp_path / f"node{rank}.json", container_addrs=["127.0.0.1", "127.0.0.1"],
-                container_rank=rank, container_slot_counts=[1, 1])
-            env = base_env(DET_CLUSTER_INFO_FILE=str(path), C10D_PORT=str(port),
-                           DET_DIST_SECRET="d" * 32, DET_KILL_AFTER="3",
-                           DET_RUN_DIR=str(tmp_path / "run"),
-                           DET_CHECKPOINT_STORAGE=str(tmp_path / "ckpts"), **extra)
-            argv = [sys.executable, "-m", "determined_launch.cli", "--preempt-file",
-                    str(preempt), "--hparams", '{"increment_by": 1}', "exec", "--",
-                    sys.executable, TUTORIAL, "launcher"]
-            nodes.append(Launch(argv, env))
-        launches.extend(nodes)
-        return nodes
+        return exec_on_two_nodes(
+            tmp_path, [sys.executable, str(TUTORIAL), "launcher"], launches,
+            launcher_flags=("--preempt-file", str(preempt), "--hparams", '{"increment_by": 1}'),
+            DET_RUN_DIR=str(tmp_path / "run"), DET_CHECKPOINT_STORAGE=str(tmp_path / "ckpts"),
+            **extra)
 
     nodes = two_nodes(TOUCH_AT="1", TOUCH_FILE=str(preempt))
     for launch in reversed(nodes):
