@@ -80,6 +80,8 @@ def test_grid_runs_exactly_its_points_and_a_rerun_runs_none(tmp_path: Path) -> N
     info = json.loads((dirs[3] / "cluster_info.json").read_text())
     assert info["trial"]["trial_id"] == 3 and info["trial"]["max_length"] == 8
     assert (os.stat(dirs[3] / "cluster_info.json").st_mode & 0o777) == 0o600
+    # save_*_best retention in the trial ranks checkpoints by the searcher's metric
+    assert (dirs[3] / "searcher_env.log").read_text().split() == ["loss", "true"]
     best = json.loads((exp / "best_trial.json").read_text())
     assert (best["hparams"]["x"], best["hparams"]["layers"]) == (0.1, 2)
     assert best["value"] == pytest.approx(loss({"x": 0.1, "layers": 2}) + 1 / 8)

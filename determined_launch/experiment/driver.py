@@ -200,6 +200,9 @@ class Driver:
         env.pop(envvars.SEARCHER_UNIT, None)
         if searcher.unit is not None:
             env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
+        # save_trial_best / save_experiment_best retention keeps the best by the searcher's metric
+        env[envvars.SEARCHER_METRIC] = searcher.metric
+        env[envvars.SMALLER_IS_BETTER] = "true" if searcher.smaller_is_better else "false"
         proc.start(self.s.info, launcher_argv(self.s.flags, self.s.command, self.s.args),
                    env, self.s.checkpoint_storage)
         self.running[trial.number] = (trial, proc)

@@ -45,6 +45,9 @@ def main():
     period = int(hp.get("period", 4))
     metric = hp.get("metric_name", "loss")
     with core.init(distributed=dist) as ctx:
+        with open(os.environ["DET_RUN_DIR"] + "/searcher_env.log", "w") as f:
+            f.write(f"{os.environ.get('DET_SEARCHER_METRIC')} "
+                    f"{os.environ.get('DET_SMALLER_IS_BETTER')}\n")
         with open(os.environ["DET_RUN_DIR"] + "/ranks.log", "a") as f:
             f.write(f"{ctx.distributed.rank}/{ctx.distributed.size}\n")
         step = 0

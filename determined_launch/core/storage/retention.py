@@ -27,6 +27,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
+from determined_launch import envvars
 from determined_launch.core.storage.spec import Retention
 
 __all__ = ["Retention", "apply", "to_delete"]
@@ -34,8 +35,8 @@ __all__ = ["Retention", "apply", "to_delete"]
 logger = logging.getLogger("determined_launch.core")
 
 LOG_STREAM = "checkpoints"
-METRIC_ENV = "DET_SEARCHER_METRIC"
-SMALLER_ENV = "DET_SMALLER_IS_BETTER"
+METRIC_ENV = envvars.SEARCHER_METRIC
+SMALLER_ENV = envvars.SMALLER_IS_BETTER
 
 
 def _read(path: pathlib.Path) -> list[dict[str, Any]]:
