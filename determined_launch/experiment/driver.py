@@ -163,9 +163,11 @@ class Driver:
             trial.set_user_attr(se.ATTR_SURPLUS, True)  # lost a race with another worker
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             return None
-        trial.set_user_attr(ATTR_SLOT, slot)
+        # Owner first: a RUNNING trial with a slot and no owner reads as abandoned to the
+        # other workers, so the slot (the "born" mark) is written last.
         trial.set_user_attr(ATTR_OWNER, self.owner)
         trial.set_user_attr(ATTR_BEAT, time.time())
+        trial.set_user_attr(ATTR_SLOT, slot)
         if self.search.brackets:
             trial.set_user_attr(se.ATTR_BRACKET, se.bracket_of(slot, self.search.per_bracket))
         for name, dist in self.search.distributions().items():
@@ -244,6 +246,12 @@ class Driver:
         self._observe(trial, proc)
         states = self.optuna.trial.TrialState
         tid = proc.spec.trial_id
+        latest = self.study._storage.get_trial(trial._trial_id)
+        if latest.state.name != "RUNNING" or latest.user_attrs.get(ATTR_OWNER) not in (
+                self.owner, ""):
+            # Another worker took the trial over (we missed heartbeats): its run counts.
+            self.s.on_event(f"trial {tid}: taken over by another worker; this run is dropped")
+            return
         values = proc.seen
         last = values[max(values)] if values else None
         reason = proc.stop_reason
