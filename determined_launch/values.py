@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+from typing import Any
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -89,3 +90,21 @@ def http_url(raw: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError(f"expected an http:// or https:// URL, got {raw[:12]!r}...")
     return raw.strip()
+
+
+def yaml_document(text: str, where: str, install: str = "pip install pyyaml") -> Any:
+    """One YAML document (JSON included), every failure one ``ValueError`` line
+    naming ``where``: ``<where>: invalid YAML at line L column C: <problem>``.
+    PyYAML is imported only here and only when needed (``install`` says how
+    to get it, since each caller belongs to a different extra)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError(f"{where}: reading YAML needs PyYAML: {install}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{where}: invalid YAML{at}: {problem}") from None

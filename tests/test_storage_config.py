@@ -73,6 +73,17 @@ def test_bad_storage_is_one_line_naming_the_field(value: Any, message: str) -> N
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_storage_file_with_bad_yaml_is_one_line_with_its_position(
+    tmp_path: pathlib.Path
+) -> None:
+    bad = tmp_path / "storage.yaml"
+    bad.write_text("type: s3\nbucket: [unclosed\n")
+    with pytest.raises(StorageConfigError) as e:
+        parse_storage(str(bad), where="w")
+    assert f"{bad}: invalid YAML at line 3 column 1" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

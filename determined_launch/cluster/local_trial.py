@@ -55,17 +55,8 @@ def _read_text(path: str, what: str) -> str:
 
 
 def _load_yaml(text: str, where: str) -> Any:
-    try:
-        import yaml
-    except ImportError:
-        raise ValueError(f"{where}: reading YAML needs PyYAML: pip install "
-                         "'determined_launch[torch]' (or pip install pyyaml)") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{where}: invalid YAML{at}: {getattr(e, 'problem', e)}") from None
+    return values.yaml_document(
+        text, where, "pip install 'determined_launch[torch]' (or pip install pyyaml)")
 
 
 def parse_hparams(raw: str) -> dict[str, Any]:

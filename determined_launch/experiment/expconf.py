@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from determined_launch import hparams as hp
+from determined_launch import values
 from determined_launch.errors import LaunchError
 
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "async_halving")
@@ -92,21 +93,13 @@ def load(path: Union[str, pathlib.Path]) -> ExperimentConfig:
     path = pathlib.Path(path)
     where = str(path)
     try:
-        import yaml
-    except ImportError:
-        raise ConfigError("reading experiment configs needs PyYAML: "
-                          "pip install 'determined_launch[search]'") from None
-    try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise ConfigError(f"{where}: invalid YAML{at}: {problem}") from None
+        raw = values.yaml_document(text, where, "pip install 'determined_launch[search]'")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping of experiment config fields")
     return parse(raw, path)

@@ -22,6 +22,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from determined_launch import values
 from determined_launch.errors import LaunchError
 
 
@@ -135,17 +136,15 @@ def _parse_url(url: str, where: str) -> StorageSpec:
 
 def _load_yaml(path: str) -> Any:
     try:
-        import yaml
-    except ImportError:
-        raise StorageConfigError(
-            f"reading {path} needs PyYAML: pip install pyyaml"
-        ) from None
-    try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        first = str(e).splitlines()[0]
-        raise StorageConfigError(f"{path}: not a readable YAML file: {first}") from None
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StorageConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}"
+                                 ) from None
+    try:
+        data = values.yaml_document(text, path)
+    except ValueError as e:
+        raise StorageConfigError(str(e)) from None
     if isinstance(data, Mapping) and "checkpoint_storage" in data:
         data = data["checkpoint_storage"]
     return data
