@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 from bench_distributed import free_port, peer_python  # noqa: E402
 
-IMPLS = ("ours", "ours-tcp", "determined")
+IMPLS = ("ours", "ours-socket", "ours-tcp", "determined")
 
 
 def _contexts(a: argparse.Namespace) -> dict[str, Any]:
@@ -59,7 +59,12 @@ def _contexts(a: argparse.Namespace) -> dict[str, Any]:
         else:
             tcp = impl == "ours-tcp"
             out[impl] = DistributedContext(
-                **layout, port=a.port + tcp, secret=a.secret, ipc_dir=a.ipc_dir, force_tcp=tcp
+                **layout,
+                port=a.port + 4 + len(out),
+                secret=a.secret,
+                ipc_dir=a.ipc_dir,
+                force_tcp=tcp,
+                transport="socket" if impl == "ours-socket" else "direct",
             )
     return out
 
@@ -90,7 +95,7 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def run(size: int, args: argparse.Namespace) -> dict[str, list[list[float]]]:
-    port = free_port(4)
+    port = free_port(4 + len(IMPLS))
     common = [
         "--size", str(size), "--port", str(port), "--secret", secrets.token_hex(16),
         "--blocks", str(args.blocks), "--per-block", str(args.per_block),

@@ -86,8 +86,14 @@ class Wiring:
         lay = self.layout
         flags = HIERARCHICAL if self.hierarchical else 0
         return Peer(
-            lay.rank, lay.size, lay.local_rank, lay.local_size, lay.cross_rank, lay.cross_size,
-            flags, local_addr,
+            lay.rank,
+            lay.size,
+            lay.local_rank,
+            lay.local_size,
+            lay.cross_rank,
+            lay.cross_size,
+            flags,
+            local_addr,
         )
 
     def _check_hello(self, peer: Peer) -> Optional[str]:
@@ -133,8 +139,10 @@ class Wiring:
             from determined_launch.core.distributed.transport import zeromq
 
             return zeromq.ZmqHubChannel, zeromq.ZmqMemberChannel
-        from determined_launch.core.distributed.transport import direct
+        from determined_launch.core.distributed.transport import direct, shm, shm_member
 
+        if self.transport == "direct" and shm.SUPPORTED:
+            return shm.ShmHubChannel, shm_member.ShmMemberChannel
         return direct.DirectHubChannel, direct.DirectMemberChannel
 
     def _hub(self, where: str, expected: int, check: Callable[[Peer], Optional[str]]) -> Hub:

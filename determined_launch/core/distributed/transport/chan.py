@@ -18,8 +18,10 @@ SLICE_MS = 250
 #: before ``close()`` still reaches live peers. (Direct sends complete
 #: before they return, so they have nothing to linger for.)
 LINGER_MS = 1000
-#: Transports by name; "direct" is the default (see direct.py for why).
-TRANSPORTS = ("direct", "zmq")
+#: Transports by name; "direct" is the default (see direct.py for why): stream
+#: sockets, switching to shared memory between processes of one host
+#: (shm.py); "socket" is "direct" without that switch.
+TRANSPORTS = ("direct", "socket", "zmq")
 
 
 class IdleTimeout(Exception):
@@ -42,6 +44,10 @@ class HubChannel(Protocol):
     def recv(self, block: bool) -> Optional[tuple[bytes, bytes]]:
         """(peer id, frame), or None for a frame the channel dropped.
         Raises IdleTimeout."""
+
+    def recv_all(self, block: bool) -> list[Optional[tuple[bytes, bytes]]]:
+        """What ``recv`` would return, for every frame there is now (at
+        least one). Raises IdleTimeout."""
 
     def send(self, peer: bytes, frame: bytes) -> bool:
         """False when the peer's connection is gone."""

@@ -31,20 +31,17 @@ from __future__ import annotations
 import errno
 import select
 import socket
-import struct
 import time
 from collections import deque
-from typing import Optional, Union
+from typing import Optional
 
 from determined_launch.core.distributed.transport import wire
 from determined_launch.core.distributed.transport.chan import SLICE_MS, BindError, IdleTimeout
 from determined_launch.core.distributed.transport.stream import (
     CHUNK,
-    DONTWAIT,
-    LEN_SIZE,
     PRE_LEN,
     PREAMBLE,
-    UNTRUSTED_MAX,
+    SHM_PREAMBLE,
     Conn,
     framed,
     parse_addr,
@@ -98,6 +95,15 @@ class DirectHubChannel:
                 raise IdleTimeout
         return self._ready.popleft()
 
+    def recv_all(self, block: bool) -> list[Optional[tuple[bytes, bytes]]]:
+        if not self._ready:
+            self._pump(SLICE_MS if block else 0)
+            if not self._ready:
+                raise IdleTimeout
+        out: list[Optional[tuple[bytes, bytes]]] = list(self._ready)
+        self._ready.clear()
+        return out
+
     def _pump(self, timeout_ms: int) -> None:
         for fd, events in self._poll.poll(timeout_ms):
             if fd == self._listen_fd:
@@ -105,6 +111,7 @@ class DirectHubChannel:
                 continue
             conn = self._by_fd.get(fd)
             if conn is None:
+                self._other(fd)
                 continue
             if events & _OUT:
                 try:
@@ -116,6 +123,12 @@ class DirectHubChannel:
                     self._poll.modify(fd, _IN)
             if events & _IN:
                 self._read(conn)
+
+    def _other(self, fd: int) -> None:
+        """An event on a descriptor a subclass registered (``shm``'s doorbell)."""
+
+    def _greeted(self, conn: Conn, magic: bytes) -> None:
+        """A connection's preamble arrived (``shm`` notes who can switch)."""
 
     def _accept(self) -> None:
         if self._listener is None:  # pragma: no cover
@@ -156,7 +169,8 @@ class DirectHubChannel:
             return
         conn.buf += self._scratch[:n]
         head = bytes(conn.buf[:PRE_LEN])
-        if not (PREAMBLE.startswith(head) or head.startswith(PREAMBLE)):
+        magic = head[: len(PREAMBLE)]
+        if not (PREAMBLE.startswith(magic) or SHM_PREAMBLE.startswith(magic)):
             self._reject(conn, "connection without a determined_launch preamble")
             return
         if len(head) < PRE_LEN:
@@ -168,6 +182,7 @@ class DirectHubChannel:
         del conn.buf[:PRE_LEN]
         conn.rid = rid
         self._by_rid[rid] = conn
+        self._greeted(conn, magic)
         frames = conn.frames()
         if frames is None:
             self._lost_or_bad(conn)
@@ -247,159 +262,7 @@ class DirectHubChannel:
             self._listen_fd = -1
 
 
-class DirectMemberChannel:
-    """One blocking socket to the hub. ``SO_RCVTIMEO`` bounds a blocking
-    receive to one slice, so waiting costs one system call, not a poll and
-    a read; sends use ``MSG_DONTWAIT`` and only poll when a frame does not
-    fit in the socket buffer."""
-
-    grace = 0.0
-
-    def __init__(self, drops: wire.DropLog, where: str, rid: bytes) -> None:
-        self._drops = drops
-        self._where = where
-        self._rid = rid
-        self._addr: Optional[tuple[socket.AddressFamily, Union[str, tuple[str, int]]]] = None
-        self._conn: Optional[Conn] = None
-        self._early: list[bytes] = []
-        self._ready: deque[bytes] = deque()
-        self._scratch = memoryview(bytearray(CHUNK))
-        self._down_since: Optional[float] = None
-        self._limit = UNTRUSTED_MAX
-
-    def connect(self, addr: str) -> None:
-        self._addr = parse_addr(addr)
-        self._try_connect()
-
-    def _try_connect(self) -> Optional[Conn]:
-        """The connection, opening it if the hub is listening by now. The
-        hub may start after its members, so until the first connection
-        frames wait in ``_early``; a connection once lost stays lost."""
-        if self._conn is not None or self._down_since is not None or self._addr is None:
-            return self._conn
-        family, sockaddr = self._addr
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(SLICE_MS / 1000)
-        try:
-            sock.connect(sockaddr)
-        except OSError:
-            sock.close()
-            return None
-        tune(sock)
-        sock.setblocking(True)
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, SLICE_MS * 1000)
-        )
-        conn = Conn(sock, self._rid)
-        conn.limit = self._limit
-        self._conn = conn
-        conn.out.append(memoryview(PREAMBLE + self._rid))
-        for frame in self._early:
-            conn.out.extend(framed(frame))
-        self._early.clear()
-        self._flush(conn)
-        return conn
-
-    def send(self, frame: bytes, deadline: Optional[float] = None) -> bool:
-        conn = self._conn
-        if conn is not None and conn.alive and not conn.out:
-            # Fast path: the frame fits in the socket buffer, as usual.
-            data = len(frame).to_bytes(LEN_SIZE, "big") + frame
-            try:
-                n = conn.sock.send(data, DONTWAIT)
-            except BlockingIOError:
-                n = 0
-            except OSError:
-                self._lost(conn)
-                return True
-            if n == len(data):
-                return True
-            conn.out.append(memoryview(data)[n:])
-            return self._flush(conn, deadline)
-        if conn is None:
-            conn = self._try_connect()
-            if conn is None:
-                if self._down_since is None:
-                    self._early.append(frame)
-                return True
-        if conn.alive:
-            try:
-                conn.push(framed(frame))
-            except OSError:
-                self._lost(conn)
-                return True
-            if conn.out:
-                return self._flush(conn, deadline)
-        return True
-
-    def _flush(self, conn: Conn, deadline: Optional[float] = None) -> bool:
-        """Write everything queued, reading meanwhile (see the module doc)."""
-        poller: Optional[select.poll] = None
-        while conn.alive and conn.out:
-            try:
-                conn.write()
-            except OSError:
-                self._lost(conn)
-                return True
-            if not conn.out:
-                return True
-            if passed(deadline):
-                self._lost(conn)  # a partial frame would corrupt the stream
-                return False
-            if poller is None:
-                poller = select.poll()
-                poller.register(conn.fd, _IN | _OUT)
-            for _, events in poller.poll(SLICE_MS):
-                if events & _IN:
-                    self._read(conn, DONTWAIT)
-        return True
-
-    def _read(self, conn: Conn, flags: int) -> None:
-        frames = conn.read(self._scratch, flags)
-        if frames is None:
-            if conn.problem:
-                self._drops.drop(conn.problem, self._where)
-            self._lost(conn)
-        else:
-            self._ready += frames
-
-    def recv(self, block: bool) -> bytes:
-        if self._ready:
-            return self._ready.popleft()
-        conn = self._conn or self._try_connect()
-        if conn is None or not conn.alive:
-            if block:
-                time.sleep(0.05)
-            raise IdleTimeout
-        frames = conn.read(self._scratch, 0 if block else DONTWAIT)
-        if frames and len(frames) == 1:
-            return frames[0]  # the usual case, without the queue
-        if frames is None:
-            if conn.problem:
-                self._drops.drop(conn.problem, self._where)
-            self._lost(conn)
-        else:
-            self._ready += frames
-        if not self._ready:
-            raise IdleTimeout
-        return self._ready.popleft()
-
-    def _lost(self, conn: Conn) -> None:
-        if conn.alive:
-            conn.alive = False
-            conn.sock.close()
-            self._down_since = time.monotonic()
-
-    def trust(self) -> None:
-        self._limit = 1 << 62
-        if self._conn is not None:
-            self._conn.limit = self._limit
-
-    def hub_down_since(self, now: float) -> Optional[float]:
-        return self._down_since
-
-    def close(self, linger_ms: int) -> None:
-        if self._conn is not None and self._conn.alive:
-            self._conn.alive = False
-            self._conn.sock.close()
-        self._down_since = self._down_since or time.monotonic()
+# The member end lives in its own module (size); both are "direct".
+from determined_launch.core.distributed.transport.direct_member import (  # noqa: E402
+    DirectMemberChannel as DirectMemberChannel,
+)

@@ -69,10 +69,9 @@ class Hub(Link):
         self.ch.close(linger_ms)
 
     # --- receiving
-    def _recv(self, block: bool) -> Optional[tuple[int, wire.Message]]:
+    def _accept(self, item: Optional[tuple[bytes, bytes]]) -> Optional[tuple[int, wire.Message]]:
         """A data message from a registered member, or None when the frame
-        was dropped or belonged to a handshake. Raises IdleTimeout."""
-        item = self.ch.recv(block)
+        was dropped or belonged to a handshake."""
         if item is None:
             return None
         rid, frame = item
@@ -133,7 +132,7 @@ class Hub(Link):
         """Wait until ``expected`` members are registered, then START them."""
         while len(self._rid) < self.expected:
             try:
-                item = self._recv(True)
+                batch = self.ch.recv_all(True)
             except IdleTimeout:
                 idle()
                 if deadline_passed(deadline, time.monotonic()):
@@ -144,8 +143,10 @@ class Hub(Link):
                         )
                     ) from None
                 continue
-            if item is not None:
-                self._hold(*item)
+            for item in batch:
+                accepted = self._accept(item)
+                if accepted is not None:
+                    self._hold(*accepted)
         self.send_to(list(self._rid), wire.START, 0, start_payload())
 
     def _hold(self, rank: int, msg: wire.Message) -> None:
@@ -170,26 +171,33 @@ class Hub(Link):
         missing = set(senders)
         for rank, (mtype, payload) in self._inbox.pop(op, {}).items():
             self._take(op, want, rank, mtype, payload, got, missing, each)
+        # The loop below runs for every contribution to every collective on
+        # the chief: a batch per wake-up, checks inlined.
         while missing:
             try:
-                item = self._recv(True)
+                batch = self.ch.recv_all(True)
             except IdleTimeout:
                 idle()
                 self._check(missing, deadline, probe_for)
                 continue
-            if item is None:
-                continue
-            rank, msg = item
-            if msg.mtype == wire.FAIL:
-                raise self.abort(self._member_failed(rank, msg.payload))
-            if msg.op == op:
-                self._take(op, want, rank, msg.mtype, msg.payload, got, missing, each)
-            elif msg.op > op:  # a member's gather does not wait: it can be ahead
-                self._hold(rank, msg)
-            else:
-                raise self.abort(
-                    DistributedError(mismatch(self.where, op, rank, msg.mtype, self.rank, want))
-                )
+            for item in batch:
+                accepted = self._accept(item)
+                if accepted is None:
+                    continue
+                rank, msg = accepted
+                if msg.op == op and msg.mtype == want:
+                    got[rank] = msg.payload
+                    missing.discard(rank)
+                    if each is not None:
+                        each(rank, msg.payload)
+                elif msg.mtype == wire.FAIL:
+                    raise self.abort(self._member_failed(rank, msg.payload))
+                elif msg.op > op:  # a member's gather does not wait: it can be ahead
+                    self._hold(rank, msg)
+                else:
+                    raise self.abort(
+                        DistributedError(mismatch(self.where, op, rank, msg.mtype, self.rank, want))
+                    )
         return got
 
     def _member_failed(self, rank: int, payload: memoryview) -> DistributedError:
@@ -256,8 +264,10 @@ class Hub(Link):
         lost = self.ch.send_many([self._rid[r] for r in ranks], frame, deadline)
         if lost and mtype != wire.ABORT:
             ranks_lost = [self._rank_of[rid] for rid in lost]
-            how = "timed out taking" if deadline_passed(deadline, time.monotonic()) else (
-                "disconnected before"
+            how = (
+                "timed out taking"
+                if deadline_passed(deadline, time.monotonic())
+                else ("disconnected before")
             )
             raise self.abort(
                 DistributedError(
