@@ -69,7 +69,7 @@ def _make_context(impl: str, a: argparse.Namespace) -> Any:
             ipc_dir=a.ipc_dir,
             force_tcp=impl == "ours-tcp",
             hierarchical=impl == "ours-hier",
-            transport={"ours-zmq": "zmq", "ours-socket": "socket"}.get(impl, "direct"),
+            transport="zmq" if impl == "ours-zmq" else "direct",
         )
     if impl == "determined":
         from determined.core import DistributedContext as DetContext

@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 from bench_distributed import free_port, peer_python  # noqa: E402
 
-IMPLS = ("ours", "ours-socket", "ours-tcp", "determined")
+IMPLS = ("ours", "ours-tcp", "determined")
 
 
 def _contexts(a: argparse.Namespace) -> dict[str, Any]:
@@ -59,12 +59,7 @@ def _contexts(a: argparse.Namespace) -> dict[str, Any]:
         else:
             tcp = impl == "ours-tcp"
             out[impl] = DistributedContext(
-                **layout,
-                port=a.port + 4 + len(out),
-                secret=a.secret,
-                ipc_dir=a.ipc_dir,
-                force_tcp=tcp,
-                transport="socket" if impl == "ours-socket" else "direct",
+                **layout, port=a.port + tcp, secret=a.secret, ipc_dir=a.ipc_dir, force_tcp=tcp
             )
     return out
 
@@ -95,7 +90,7 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def run(size: int, args: argparse.Namespace) -> dict[str, list[list[float]]]:
-    port = free_port(4 + len(IMPLS))
+    port = free_port(4)
     common = [
         "--size", str(size), "--port", str(port), "--secret", secrets.token_hex(16),
         "--blocks", str(args.blocks), "--per-block", str(args.per_block),

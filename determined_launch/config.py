@@ -79,7 +79,7 @@ OPTIONS: tuple[Option, ...] = (
            functools.partial(values.seconds, positive=True), None,
            "seconds one DistributedContext collective may take"),
     Option("dist_transport", envvars.DIST_TRANSPORT, None,
-           functools.partial(values.choice, choices=("direct", "socket", "zmq")), None,
+           functools.partial(values.choice, choices=("direct", "zmq")), None,
            "DistributedContext transport"),
     Option("alert_webhook", envvars.ALERT_WEBHOOK, None, values.http_url, None,
            "core_context.alert() also POSTs each alert to this URL"),

@@ -69,7 +69,7 @@ CASES: list[tuple[str, list[str], dict[str, str], Optional[Files], str]] = [
     ("dist-timeout", [], {"DET_DIST_TIMEOUT": "abc"}, None,
      "DET_DIST_TIMEOUT: expected a finite number of seconds > 0, got 'abc'"),
     ("dist-transport", [], {"DET_DIST_TRANSPORT": "foo"}, None,
-     "DET_DIST_TRANSPORT: expected one of direct, socket, zmq, got 'foo'"),
+     "DET_DIST_TRANSPORT: expected one of direct, zmq, got 'foo'"),
     ("c10d-port", [], {"C10D_PORT": "80"}, None, "C10D_PORT: expected a port in 1024-65533"),
     ("unknown-flag", ["--bogus"], {}, None, "unrecognized arguments: --bogus"),
     ("no-script", [], {}, None, "no command to run"),

@@ -186,9 +186,9 @@ class DistributedContext(Factories):
             timeout=self.timeout,
             key=wire.job_key(resolved_secret),
             drops=self._drops,
-            ipc_dir=None
-            if force_tcp
-            else dist_env.private_dir(ipc_dir or env.get(envvars.DIST_IPC_DIR)),
+            ipc_dir=None if force_tcp else dist_env.private_dir(
+                ipc_dir or env.get(envvars.DIST_IPC_DIR)
+            ),
             transport=self.transport,
         )
         self._wiring = wiring

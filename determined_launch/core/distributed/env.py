@@ -154,10 +154,8 @@ def read_slurm(env: Mapping[str, str]) -> Optional[Layout]:
     if "SLURM_PROCID" not in env:
         return None
     node = _int(env, "SLURM_NODEID")
-    tasks_var = (
-        "SLURM_STEP_TASKS_PER_NODE"
-        if "SLURM_STEP_TASKS_PER_NODE" in env
-        else ("SLURM_TASKS_PER_NODE")
+    tasks_var = "SLURM_STEP_TASKS_PER_NODE" if "SLURM_STEP_TASKS_PER_NODE" in env else (
+        "SLURM_TASKS_PER_NODE"
     )
     per_node = _slurm(parse_task_counts, env.get(tasks_var, ""), tasks_var)
     if node >= len(per_node):

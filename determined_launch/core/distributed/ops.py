@@ -91,7 +91,7 @@ def _as_hub(
     def unpickle(rank: int, part: memoryview) -> None:
         out[index(rank)] = loads(part)
 
-    def unpickle_flat(rank: int, part: memoryview) -> None:
+    def unpickle_flat(rank: int, part: memoryview) -> None:  # no index call: the hot case
         out[rank] = loads(part)
 
     each = unpickle_flat if index is _identity else unpickle

@@ -86,14 +86,8 @@ class Wiring:
         lay = self.layout
         flags = HIERARCHICAL if self.hierarchical else 0
         return Peer(
-            lay.rank,
-            lay.size,
-            lay.local_rank,
-            lay.local_size,
-            lay.cross_rank,
-            lay.cross_size,
-            flags,
-            local_addr,
+            lay.rank, lay.size, lay.local_rank, lay.local_size, lay.cross_rank, lay.cross_size,
+            flags, local_addr,
         )
 
     def _check_hello(self, peer: Peer) -> Optional[str]:
@@ -139,11 +133,9 @@ class Wiring:
             from determined_launch.core.distributed.transport import zeromq
 
             return zeromq.ZmqHubChannel, zeromq.ZmqMemberChannel
-        from determined_launch.core.distributed.transport import direct, shm, shm_member
+        from determined_launch.core.distributed.transport import direct, direct_member
 
-        if self.transport == "direct" and shm.SUPPORTED:
-            return shm.ShmHubChannel, shm_member.ShmMemberChannel
-        return direct.DirectHubChannel, direct.DirectMemberChannel
+        return direct.DirectHubChannel, direct_member.DirectMemberChannel
 
     def _hub(self, where: str, expected: int, check: Callable[[Peer], Optional[str]]) -> Hub:
         hub = Hub(

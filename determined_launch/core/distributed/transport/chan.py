@@ -18,10 +18,8 @@ SLICE_MS = 250
 #: before ``close()`` still reaches live peers. (Direct sends complete
 #: before they return, so they have nothing to linger for.)
 LINGER_MS = 1000
-#: Transports by name; "direct" is the default (see direct.py for why): stream
-#: sockets, switching to shared memory between processes of one host
-#: (shm.py); "socket" is "direct" without that switch.
-TRANSPORTS = ("direct", "socket", "zmq")
+#: Transports by name; "direct" is the default (see direct.py for why).
+TRANSPORTS = ("direct", "zmq")
 
 
 class IdleTimeout(Exception):

@@ -1,4 +1,5 @@
-"""Stream-socket channels for ``DistributedContext`` (``transport="direct"``).
+"""Stream-socket channels for ``DistributedContext`` (``transport="direct"``):
+the hub end here, the member end in ``direct_member``.
 
 Why not only ZeroMQ: every ZeroMQ message crosses libzmq's I/O thread in
 the sender and again in the receiver, three thread wake-ups per message
@@ -41,7 +42,6 @@ from determined_launch.core.distributed.transport.stream import (
     CHUNK,
     PRE_LEN,
     PREAMBLE,
-    SHM_PREAMBLE,
     Conn,
     framed,
     parse_addr,
@@ -111,7 +111,6 @@ class DirectHubChannel:
                 continue
             conn = self._by_fd.get(fd)
             if conn is None:
-                self._other(fd)
                 continue
             if events & _OUT:
                 try:
@@ -123,12 +122,6 @@ class DirectHubChannel:
                     self._poll.modify(fd, _IN)
             if events & _IN:
                 self._read(conn)
-
-    def _other(self, fd: int) -> None:
-        """An event on a descriptor a subclass registered (``shm``'s doorbell)."""
-
-    def _greeted(self, conn: Conn, magic: bytes) -> None:
-        """A connection's preamble arrived (``shm`` notes who can switch)."""
 
     def _accept(self) -> None:
         if self._listener is None:  # pragma: no cover
@@ -169,8 +162,7 @@ class DirectHubChannel:
             return
         conn.buf += self._scratch[:n]
         head = bytes(conn.buf[:PRE_LEN])
-        magic = head[: len(PREAMBLE)]
-        if not (PREAMBLE.startswith(magic) or SHM_PREAMBLE.startswith(magic)):
+        if not (PREAMBLE.startswith(head) or head.startswith(PREAMBLE)):
             self._reject(conn, "connection without a determined_launch preamble")
             return
         if len(head) < PRE_LEN:
@@ -182,7 +174,6 @@ class DirectHubChannel:
         del conn.buf[:PRE_LEN]
         conn.rid = rid
         self._by_rid[rid] = conn
-        self._greeted(conn, magic)
         frames = conn.frames()
         if frames is None:
             self._lost_or_bad(conn)
@@ -260,9 +251,3 @@ class DirectHubChannel:
             self._listener.close()
             self._listener = None
             self._listen_fd = -1
-
-
-# The member end lives in its own module (size); both are "direct".
-from determined_launch.core.distributed.transport.direct_member import (  # noqa: E402
-    DirectMemberChannel as DirectMemberChannel,
-)

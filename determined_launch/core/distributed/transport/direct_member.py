@@ -36,7 +36,6 @@ class DirectMemberChannel:
     fit in the socket buffer."""
 
     grace = 0.0
-    preamble = PREAMBLE
 
     def __init__(self, drops: wire.DropLog, where: str, rid: bytes) -> None:
         self._drops = drops
@@ -76,7 +75,7 @@ class DirectMemberChannel:
         conn = Conn(sock, self._rid)
         conn.limit = self._limit
         self._conn = conn
-        conn.out.append(memoryview(self.preamble + self._rid))
+        conn.out.append(memoryview(PREAMBLE + self._rid))
         for frame in self._early:
             conn.out.extend(framed(frame))
         self._early.clear()

@@ -264,10 +264,8 @@ class Hub(Link):
         lost = self.ch.send_many([self._rid[r] for r in ranks], frame, deadline)
         if lost and mtype != wire.ABORT:
             ranks_lost = [self._rank_of[rid] for rid in lost]
-            how = (
-                "timed out taking"
-                if deadline_passed(deadline, time.monotonic())
-                else ("disconnected before")
+            how = "timed out taking" if deadline_passed(deadline, time.monotonic()) else (
+                "disconnected before"
             )
             raise self.abort(
                 DistributedError(

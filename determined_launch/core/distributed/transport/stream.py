@@ -14,8 +14,6 @@ from collections import deque
 from typing import Optional, Union
 
 PREAMBLE = b"DLC1"
-#: The same, from a member that can switch to shared memory (``shm``).
-SHM_PREAMBLE = b"DLS1"
 RID_SIZE = 16
 PRE_LEN = len(PREAMBLE) + RID_SIZE
 LEN_SIZE = 8
@@ -118,11 +116,6 @@ class Conn:
             return []
         except OSError:
             return None
-        return self.take(scratch, n)
-
-    def take(self, scratch: memoryview, n: int) -> Optional[list[bytes]]:
-        """Frames completed by the ``n`` bytes just received into ``scratch``
-        (None for end-of-file, ``n`` == 0, or a misbehaving peer)."""
         if not n:
             return None
         if not self.buf and self.rid is not None and n >= LEN_SIZE:
@@ -134,26 +127,19 @@ class Conn:
         return self.frames()
 
     def frames(self) -> Optional[list[bytes]]:
-        out = split_frames(self.buf, self.limit)
-        if out is None:
-            self.problem = f"frame over {self.limit} bytes from an unauthenticated connection"
+        out: list[bytes] = []
+        buf = self.buf
+        pos = 0
+        while len(buf) - pos >= LEN_SIZE:
+            n = int.from_bytes(buf[pos : pos + LEN_SIZE], "big")
+            if n > self.limit:
+                self.problem = f"{n}-byte frame from an unauthenticated connection"
+                return None
+            end = pos + LEN_SIZE + n
+            if end > len(buf):
+                break
+            out.append(bytes(buf[pos + LEN_SIZE : end]))
+            pos = end
+        if pos:
+            del buf[:pos]
         return out
-
-
-def split_frames(buf: bytearray, limit: int) -> Optional[list[bytes]]:
-    """Remove the whole length-prefixed frames at the start of ``buf`` and
-    return them; None if one claims more than ``limit`` bytes."""
-    out: list[bytes] = []
-    pos = 0
-    while len(buf) - pos >= LEN_SIZE:
-        n = int.from_bytes(buf[pos : pos + LEN_SIZE], "big")
-        if n > limit:
-            return None
-        end = pos + LEN_SIZE + n
-        if end > len(buf):
-            break
-        out.append(bytes(buf[pos + LEN_SIZE : end]))
-        pos = end
-    if pos:
-        del buf[:pos]
-    return out
