@@ -45,6 +45,15 @@ def test_single_node_uses_num_gpus_and_a_private_hostfile() -> None:
     assert plan.env["DET_CHIEF_IP"] == "127.0.0.1"
 
 
+def test_single_node_names_deepspeeds_shm_buffers_of_this_job_only() -> None:
+    """DeepSpeed never unlinks its CPU allreduce buffers; the plan names
+    them (this uid, this port) so the supervisor removes them."""
+    single = plan_for(make_info(["127.0.0.1"], [2]), uid=1234)
+    assert single.leftovers == ("/dev/shm/deepspeed_allreduce_buffer_1234_127.0.0.1_29400_*",)
+    # Several nodes: DeepSpeed uses no shared memory buffers then.
+    assert plan_for(make_info(["10.0.0.1", "10.0.0.2"], [1, 1])).leftovers == ()
+
+
 def test_multi_node_default_is_no_ssh_with_node_rank() -> None:
     info = make_info(["10.0.0.1", "10.0.0.2"], [2, 4], rank=1)
     plan = plan_for(info)

@@ -46,7 +46,12 @@ def _no_stale_jit_lock() -> None:
         pytest.fail(f"stale torch JIT lock {lock}: remove it or run scripts/install_deepspeed.sh")
 
 
+def _shm_buffers() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")}
+
+
 def test_single_node_two_workers(tmp_path: Path, launches: list[Launch]) -> None:
+    before = _shm_buffers()
     launch = Launch(
         launcher_cmd(*worker("ds_worker.py"), module=MODULE),
         real_env(tmp_path / "tmp", DET_LAUNCH_SLOTS="2"),
@@ -58,6 +63,8 @@ def test_single_node_two_workers(tmp_path: Path, launches: list[Launch]) -> None
     assert launch.leftovers() == []
     assert list((tmp_path / "tmp").iterdir()) == []  # job directory removed
     assert not (tmp_path / ".deepspeed_env").exists()
+    # DeepSpeed maps 69 MB of /dev/shm per rank and never unlinks it.
+    assert _shm_buffers() <= before
 
 
 def test_two_nodes_without_ssh(tmp_path: Path, launches: list[Launch]) -> None:

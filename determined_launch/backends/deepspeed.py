@@ -256,7 +256,17 @@ def build_plan(
         files=tuple(files),
         unset_env=unset,
         name="deepspeed",
+        leftovers=shm_buffers(facts, runtime) if info.single_node else (),
     )
+
+
+def shm_buffers(facts: ssh.HostFacts, runtime: JobRuntime) -> tuple[str, ...]:
+    """DeepSpeed's CPU allreduce, used when every rank is on one node, maps
+    a 69 MB ``/dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>``
+    per rank and never unlinks it (0.19.8): every job would leave them in
+    memory for good. The name has this job's port, so the pattern matches no
+    other job's buffers."""
+    return (f"/dev/shm/deepspeed_allreduce_buffer_{facts.uid}_127.0.0.1_{runtime.master_port}_*",)
 
 
 def _ssh_plan(

@@ -139,6 +139,10 @@ class LaunchPlan:
     unset_env: tuple[str, ...] = ()
     #: Human-readable backend name for logs and the exit summary.
     name: str = "job"
+    #: Glob patterns of files this job's tools are known to leave behind
+    #: (DeepSpeed's shared-memory buffers); removed once every process the
+    #: plan started is gone. Specific to this job (its port), never broader.
+    leftovers: tuple[str, ...] = ()
 
     def render(self) -> str:
         """The plan as shell lines, for ``--dry-run`` and error messages."""

@@ -84,6 +84,7 @@ class HostFacts:
     ssh: Optional[str] = None
     sshd: Optional[str] = None
     user: str = "root"
+    uid: int = 0
 
     @classmethod
     def current(cls) -> HostFacts:
@@ -97,6 +98,7 @@ class HostFacts:
             ssh=shutil.which("ssh"),
             sshd=os.path.abspath(sshd) if sshd else None,
             user=getpass.getuser(),
+            uid=os.getuid(),
         )
 
 

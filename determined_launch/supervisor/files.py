@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+from collections.abc import Iterable
 
 
 def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
@@ -19,3 +21,14 @@ def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
+
+
+def remove_leftovers(patterns: Iterable[str]) -> None:
+    """Remove what a plan says its tools leave behind (``LaunchPlan.leftovers``);
+    a file already gone or not ours is left to whoever owns it."""
+    for pattern in patterns:
+        for path in glob.glob(pattern):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

@@ -25,7 +25,7 @@ from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.supervisor import verdict as v
 from determined_launch.supervisor.config import SupervisorConfig
-from determined_launch.supervisor.files import write_private_file
+from determined_launch.supervisor.files import remove_leftovers, write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
 
@@ -108,6 +108,7 @@ class Supervisor:
             return status
         finally:
             self.processes.ensure_gone(self.config.kill_after)
+            remove_leftovers(self.plan.leftovers)
             if self.tool_output is not None:
                 self.tool_output.close()
             if self.link is not None:
