@@ -41,6 +41,28 @@ def test_torchrun_multi_node_argv() -> None:
     assert argv[-8:] == ["/py", "-m", "wrap_rank", "RANK", "--", "train.py", "--lr", "1"]
 
 
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        ((), ["--log-dir", "/j/torchelastic"]),  # inside the job directory, removed at the end
+        (("--log-dir", "/keep"), []),
+        (("--log_dir=/keep",), []),
+        (("--redirects", "3"), []),  # the user wants the log files: torchrun's own place
+        (("-r3",), []),
+        (("--tee", "3"), []),
+        (("-t", "1"), []),
+        (("--max_restarts", "3"), ["--log-dir", "/j/torchelastic"]),
+    ],
+)
+def test_torchrun_logs_go_to_the_job_directory_unless_asked_for(
+    overrides: tuple[str, ...], expected: list[str]
+) -> None:
+    argv = torchrun_argv(info(), RUNTIME, BackendArgs(overrides, ("t.py",)))
+    ours = argv[argv.index("--no_python") + 1 : argv.index("--no_python") + 1 + len(expected)]
+    assert ours == expected
+    assert argv.count("--log-dir") == len(expected) // 2 + overrides.count("--log-dir")
+
+
 def test_single_node_uses_loopback() -> None:
     argv = torchrun_argv(info(0, ("10.9.9.9",), (4,)), RUNTIME, BackendArgs((), ("t.py",)))
     assert argv[argv.index("--master_addr") + 1] == "127.0.0.1"

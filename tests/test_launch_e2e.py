@@ -28,8 +28,12 @@ def sums(out: str) -> dict[int, int]:
     return {int(r): int(s) for r, s in re.findall(r"rank=(\d+) sum=(\d+)", out)}
 
 
-def test_four_workers_one_node_allreduce(launches: list[Launch]) -> None:
-    launch = Launch(launcher_cmd(*ALLREDUCE), base_env(DET_LAUNCH_SLOTS="4"))
+def test_four_workers_one_node_allreduce(tmp_path: Path, launches: list[Launch]) -> None:
+    # Its own TMPDIR: torchrun makes a torchelastic_* directory there per run and
+    # never removes it; ours is pointed into the job directory instead.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    launch = Launch(launcher_cmd(*ALLREDUCE), base_env(DET_LAUNCH_SLOTS="4", TMPDIR=str(tmp)))
     launches.append(launch)
     assert launch.wait(120) == 0, launch.stderr
     assert sums(launch.stdout) == {0: 10, 1: 10, 2: 10, 3: 10}
@@ -37,6 +41,7 @@ def test_four_workers_one_node_allreduce(launches: list[Launch]) -> None:
         assert f"[rank={r}] world=4 rank={r} sum=10 chief=127.0.0.1" in launch.stdout
     assert "job succeeded" in launch.stderr
     assert launch.leftovers() == []
+    assert list(tmp.iterdir()) == []  # no torchelastic_* left, and the job directory is gone
 
 
 def two_node_launches(

@@ -8,6 +8,8 @@ each worker wrapped in ``wrap_rank RANK`` via ``--no_python``.
 
 from __future__ import annotations
 
+import os
+
 from determined_launch import envvars
 from determined_launch.backends.common import worker_env, wrap_rank_argv
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan, ProcessSpec
@@ -36,6 +38,22 @@ def master_addr(info: ClusterInfo) -> str:
     return "127.0.0.1" if info.single_node else info.chief_ip
 
 
+#: torchrun options that decide where its log files go: given any of them,
+#: the user wants those files, so ``--log-dir`` is left to torchrun.
+_LOG_OPTIONS = ("--log-dir", "--log_dir", "-r", "--redirects", "-t", "--tee")
+
+
+def log_dir_args(runtime: JobRuntime, overrides: tuple[str, ...]) -> list[str]:
+    """torchrun makes a ``torchelastic_*`` directory in the system temp
+    directory for every run and never removes it (torch 2.13). Unless the
+    user asked for torchrun's log files, point it inside the job directory,
+    which is removed when the job ends. (``PET_LOG_DIR`` and the other
+    ``PET_*`` spellings are overridden by this flag: use the flags.)"""
+    if any(o.split("=", 1)[0] in _LOG_OPTIONS or o.startswith(("-r", "-t")) for o in overrides):
+        return []
+    return ["--log-dir", os.path.join(runtime.job_dir, "torchelastic")]
+
+
 def torchrun_argv(info: ClusterInfo, runtime: JobRuntime, args: BackendArgs) -> list[str]:
     """``python -m torch.distributed.run`` with our defaults, then the user's
     overrides (argparse keeps the last value, so overrides win), then the
@@ -59,6 +77,7 @@ def torchrun_argv(info: ClusterInfo, runtime: JobRuntime, args: BackendArgs) -> 
         "--monitor_interval",
         "0.1",
         "--no_python",
+        *log_dir_args(runtime, args.overrides),
         *args.overrides,
         *wrap_rank_argv(runtime, "RANK"),
         *args.script,
