@@ -142,11 +142,6 @@ def _hub(feed: _Feed) -> Hub:
     )
 
 
-def _recv1(hub: Hub) -> object:
-    """One frame through the hub's checks: what its receive loops do per frame."""
-    return hub._accept(hub.ch.recv(False))
-
-
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.binary(max_size=17), st.binary(max_size=400)), max_size=8))
 def test_hub_receive_loop_survives_garbage(
@@ -154,9 +149,9 @@ def test_hub_receive_loop_survives_garbage(
 ) -> None:
     hub = _hub(_Feed(frames))
     for _ in frames:
-        assert _recv1(hub) is None  # dropped or handshake, never data
+        assert hub._recv(False) is None  # dropped or handshake, never data
     with pytest.raises(IdleTimeout):
-        _recv1(hub)
+        hub._recv(False)
     assert hub.drops.count + len(hub._pending) >= 0
 
 
@@ -204,13 +199,13 @@ def test_hello_replayed_on_another_connection_is_dropped() -> None:
     hello = wire.encode(KEY, wire.HELLO, 1, 1, 0, links.pack_hello(peer, b"m" * 16, rid))
     feed = _Feed([(rid, hello), (b"\x01" + os.urandom(15), hello)])
     hub = _hub(feed)
-    assert _recv1(hub) is None and _recv1(hub) is None
+    assert hub._recv(False) is None and hub._recv(False) is None
     assert len(feed.sent) == 1  # one WELCOME, to the connection the hello names
     assert hub.drops.count == 1
     # READY from the real member registers it; its seq must be newer.
     ready = wire.encode(hub.skey, wire.READY, 1, 2, 0)  # type: ignore[arg-type]
     feed.frames.append((rid, ready))
-    _recv1(hub)
+    hub._recv(False)
     assert hub.peers == {1: peer}
 
 
@@ -238,7 +233,7 @@ def test_direct_hub_channel_survives_garbage_over_a_socket(
                 client.shutdown(socket.SHUT_WR)
                 for _ in range(50):
                     try:
-                        assert _recv1(hub) is None
+                        assert hub._recv(False) is None
                     except IdleTimeout:
                         pass
                     if not chan._by_fd:

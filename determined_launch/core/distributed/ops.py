@@ -13,7 +13,6 @@ authenticated frames reach ``loads`` (``transport/links`` checks them).
 from __future__ import annotations
 
 import pickle
-import time
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
@@ -32,8 +31,8 @@ def dumps(obj: Any) -> bytes:
     return pickle.dumps(obj, protocol=5)
 
 
-#: Called directly on the hot paths below (one Python call fewer per part).
-loads = pickle.loads
+def loads(data: wire.Buffer) -> Any:
+    return pickle.loads(data)
 
 
 def run_global(w: Wiring, stuff: Any, kind: int) -> Any:
@@ -91,11 +90,7 @@ def _as_hub(
     def unpickle(rank: int, part: memoryview) -> None:
         out[index(rank)] = loads(part)
 
-    def unpickle_flat(rank: int, part: memoryview) -> None:  # no index call: the hot case
-        out[rank] = loads(part)
-
-    each = unpickle_flat if index is _identity else unpickle
-    hub.collect(op, kind, members, deadline, _identity_set, each=each)
+    hub.collect(op, kind, members, deadline, _identity_set, each=unpickle)
     if kind == wire.AG and not eager:
         # The result is one pickled list: one loads on each member is
         # several times cheaper than a loads per contribution.
@@ -113,7 +108,7 @@ def _as_member(
     own_index: int,
     idle: Callable[[], None],
 ) -> Any:
-    deadline = None if w.timeout is None else time.monotonic() + w.timeout
+    deadline = w.deadline()
     if kind == wire.BCAST:
         return loads(member.exchange(0, op, b"", _BCAST, deadline, idle)[1])
     if kind == wire.GA:
@@ -126,9 +121,7 @@ def _as_member(
     mtype, reply = member.exchange(kind, op, payload, _RESULT, deadline, idle)
     if mtype == wire.PART:  # the two-rank exchange: the hub's part only
         return [loads(reply), stuff] if own_index else [stuff, loads(reply)]
-    out = loads(reply)
-    if type(out) is not list:
-        raise DistributedError(f"malformed result from an authenticated peer: {type(out)}")
+    out = _result_list(reply)
     out[own_index] = stuff
     return out
 

@@ -43,10 +43,6 @@ class HubChannel(Protocol):
         """(peer id, frame), or None for a frame the channel dropped.
         Raises IdleTimeout."""
 
-    def recv_all(self, block: bool) -> list[Optional[tuple[bytes, bytes]]]:
-        """What ``recv`` would return, for every frame there is now (at
-        least one). Raises IdleTimeout."""
-
     def send(self, peer: bytes, frame: bytes) -> bool:
         """False when the peer's connection is gone."""
 

@@ -95,15 +95,6 @@ class DirectHubChannel:
                 raise IdleTimeout
         return self._ready.popleft()
 
-    def recv_all(self, block: bool) -> list[Optional[tuple[bytes, bytes]]]:
-        if not self._ready:
-            self._pump(SLICE_MS if block else 0)
-            if not self._ready:
-                raise IdleTimeout
-        out: list[Optional[tuple[bytes, bytes]]] = list(self._ready)
-        self._ready.clear()
-        return out
-
     def _pump(self, timeout_ms: int) -> None:
         for fd, events in self._poll.poll(timeout_ms):
             if fd == self._listen_fd:

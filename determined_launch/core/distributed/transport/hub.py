@@ -69,9 +69,10 @@ class Hub(Link):
         self.ch.close(linger_ms)
 
     # --- receiving
-    def _accept(self, item: Optional[tuple[bytes, bytes]]) -> Optional[tuple[int, wire.Message]]:
+    def _recv(self, block: bool) -> Optional[tuple[int, wire.Message]]:
         """A data message from a registered member, or None when the frame
-        was dropped or belonged to a handshake."""
+        was dropped or belonged to a handshake. Raises IdleTimeout."""
+        item = self.ch.recv(block)
         if item is None:
             return None
         rid, frame = item
@@ -132,7 +133,7 @@ class Hub(Link):
         """Wait until ``expected`` members are registered, then START them."""
         while len(self._rid) < self.expected:
             try:
-                batch = self.ch.recv_all(True)
+                item = self._recv(True)
             except IdleTimeout:
                 idle()
                 if deadline_passed(deadline, time.monotonic()):
@@ -143,10 +144,8 @@ class Hub(Link):
                         )
                     ) from None
                 continue
-            for item in batch:
-                accepted = self._accept(item)
-                if accepted is not None:
-                    self._hold(*accepted)
+            if item is not None:
+                self._hold(*item)
         self.send_to(list(self._rid), wire.START, 0, start_payload())
 
     def _hold(self, rank: int, msg: wire.Message) -> None:
@@ -171,33 +170,26 @@ class Hub(Link):
         missing = set(senders)
         for rank, (mtype, payload) in self._inbox.pop(op, {}).items():
             self._take(op, want, rank, mtype, payload, got, missing, each)
-        # The loop below runs for every contribution to every collective on
-        # the chief: a batch per wake-up, checks inlined.
         while missing:
             try:
-                batch = self.ch.recv_all(True)
+                item = self._recv(True)
             except IdleTimeout:
                 idle()
                 self._check(missing, deadline, probe_for)
                 continue
-            for item in batch:
-                accepted = self._accept(item)
-                if accepted is None:
-                    continue
-                rank, msg = accepted
-                if msg.op == op and msg.mtype == want:
-                    got[rank] = msg.payload
-                    missing.discard(rank)
-                    if each is not None:
-                        each(rank, msg.payload)
-                elif msg.mtype == wire.FAIL:
-                    raise self.abort(self._member_failed(rank, msg.payload))
-                elif msg.op > op:  # a member's gather does not wait: it can be ahead
-                    self._hold(rank, msg)
-                else:
-                    raise self.abort(
-                        DistributedError(mismatch(self.where, op, rank, msg.mtype, self.rank, want))
-                    )
+            if item is None:
+                continue
+            rank, msg = item
+            if msg.mtype == wire.FAIL:
+                raise self.abort(self._member_failed(rank, msg.payload))
+            if msg.op == op:
+                self._take(op, want, rank, msg.mtype, msg.payload, got, missing, each)
+            elif msg.op > op:  # a member's gather does not wait: it can be ahead
+                self._hold(rank, msg)
+            else:
+                raise self.abort(
+                    DistributedError(mismatch(self.where, op, rank, msg.mtype, self.rank, want))
+                )
         return got
 
     def _member_failed(self, rank: int, payload: memoryview) -> DistributedError:

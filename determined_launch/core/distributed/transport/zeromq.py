@@ -112,9 +112,6 @@ class ZmqHubChannel:
             return None
         return parts[0], parts[1]
 
-    def recv_all(self, block: bool) -> list[Optional[tuple[bytes, bytes]]]:
-        return [self.recv(block)]
-
     def send(self, peer: bytes, frame: Union[bytes, zmq.Frame]) -> bool:
         try:
             self.sock.send(peer, zmq.SNDMORE)
