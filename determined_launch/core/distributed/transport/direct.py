@@ -40,6 +40,8 @@ from determined_launch.core.distributed.transport import wire
 from determined_launch.core.distributed.transport.chan import SLICE_MS, BindError, IdleTimeout
 from determined_launch.core.distributed.transport.stream import (
     CHUNK,
+    POLL_IN,
+    POLL_OUT,
     PRE_LEN,
     PREAMBLE,
     Conn,
@@ -48,9 +50,6 @@ from determined_launch.core.distributed.transport.stream import (
     passed,
     tune,
 )
-
-_IN = select.POLLIN | select.POLLHUP | select.POLLERR
-_OUT = select.POLLOUT
 
 
 class DirectHubChannel:
@@ -103,15 +102,15 @@ class DirectHubChannel:
             conn = self._by_fd.get(fd)
             if conn is None:
                 continue
-            if events & _OUT:
+            if events & POLL_OUT:
                 try:
                     conn.write()
                 except OSError:
                     self._lost(conn)
                     continue
                 if not conn.out:  # all written: stop asking for POLLOUT
-                    self._poll.modify(fd, _IN)
-            if events & _IN:
+                    self._poll.modify(fd, POLL_IN)
+            if events & POLL_IN:
                 self._read(conn)
 
     def _accept(self) -> None:
@@ -127,7 +126,7 @@ class DirectHubChannel:
             tune(sock)
             conn = Conn(sock, None)
             self._by_fd[conn.fd] = conn
-            self._poll.register(conn.fd, _IN)
+            self._poll.register(conn.fd, POLL_IN)
 
     def _read(self, conn: Conn) -> None:
         if conn.rid is None:
@@ -215,7 +214,7 @@ class DirectHubChannel:
                 continue
             if conn.out:
                 pending.append(conn)
-                self._poll.modify(conn.fd, _IN | _OUT)
+                self._poll.modify(conn.fd, POLL_IN | POLL_OUT)
         # Finish every send before returning, reading meanwhile (see module doc).
         while any(c.alive and c.out for c in pending):
             if passed(deadline):

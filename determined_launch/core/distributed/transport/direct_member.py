@@ -16,6 +16,8 @@ from determined_launch.core.distributed.transport.stream import (
     CHUNK,
     DONTWAIT,
     LEN_SIZE,
+    POLL_IN,
+    POLL_OUT,
     PREAMBLE,
     UNTRUSTED_MAX,
     Conn,
@@ -24,9 +26,6 @@ from determined_launch.core.distributed.transport.stream import (
     passed,
     tune,
 )
-
-_IN = select.POLLIN | select.POLLHUP | select.POLLERR
-_OUT = select.POLLOUT
 
 
 class DirectMemberChannel:
@@ -130,9 +129,9 @@ class DirectMemberChannel:
                 return False
             if poller is None:
                 poller = select.poll()
-                poller.register(conn.fd, _IN | _OUT)
+                poller.register(conn.fd, POLL_IN | POLL_OUT)
             for _, events in poller.poll(SLICE_MS):
-                if events & _IN:
+                if events & POLL_IN:
                     self._read(conn, DONTWAIT)
         return True
 

@@ -8,6 +8,7 @@ frame. ``Conn`` buffers what is half read or half written; the channels in
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from collections import deque
@@ -20,6 +21,9 @@ LEN_SIZE = 8
 UNTRUSTED_MAX = 4096
 CHUNK = 256 * 1024
 DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+#: poll() masks of both channel ends: readable (or closed), writable.
+POLL_IN = select.POLLIN | select.POLLHUP | select.POLLERR
+POLL_OUT = select.POLLOUT
 
 
 def parse_addr(addr: str) -> tuple[socket.AddressFamily, Union[str, tuple[str, int]]]:
