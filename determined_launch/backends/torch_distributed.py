@@ -40,7 +40,8 @@ def master_addr(info: ClusterInfo) -> str:
 
 #: torchrun options that decide where its log files go: given any of them,
 #: the user wants those files, so ``--log-dir`` is left to torchrun.
-_LOG_OPTIONS = ("--log-dir", "--log_dir", "-r", "--redirects", "-t", "--tee")
+_LOG_OPTIONS = ("--log-dir", "--log_dir", "--redirects", "--tee")
+_LOG_SHORT = ("-r", "-t")  # also with the value attached: -r3
 
 
 def log_dir_args(runtime: JobRuntime, overrides: tuple[str, ...]) -> list[str]:
@@ -49,7 +50,7 @@ def log_dir_args(runtime: JobRuntime, overrides: tuple[str, ...]) -> list[str]:
     user asked for torchrun's log files, point it inside the job directory,
     which is removed when the job ends. (``PET_LOG_DIR`` and the other
     ``PET_*`` spellings are overridden by this flag: use the flags.)"""
-    if any(o.split("=", 1)[0] in _LOG_OPTIONS or o.startswith(("-r", "-t")) for o in overrides):
+    if any(o.split("=", 1)[0] in _LOG_OPTIONS or o.startswith(_LOG_SHORT) for o in overrides):
         return []
     return ["--log-dir", os.path.join(runtime.job_dir, "torchelastic")]
 

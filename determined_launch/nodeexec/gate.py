@@ -181,10 +181,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GateError as e:
         print(f"det-launch: error: {e}", file=sys.stderr, flush=True)
         return EXIT_GATE_FAILED
+    return exec_or_fail(command, environ)
+
+
+def exec_or_fail(argv: Sequence[str], environ: Optional[dict[str, str]] = None) -> int:
+    """Become ``argv``; if that cannot happen, say why in one line and return
+    127 (the shell's "cannot run"). Shared by the node programs."""
     try:
-        os.execvpe(command[0], command, environ)
+        os.execvpe(argv[0], list(argv), os.environ if environ is None else environ)
     except OSError as e:
-        print(f"det-launch: error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
+        print(f"det-launch: error: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from determined_launch.nodeexec.gate import is_local_address
+from determined_launch.nodeexec.gate import exec_or_fail, is_local_address
 
 
 def listen_address(addr: str, port: int) -> str:
@@ -64,12 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "-o",
         f"ListenAddress={listen_address(ns.addr, ns.port)}",
     ]
-    try:
-        os.execv(ns.sshd, argv_sshd)
-    except OSError as e:
-        print(f"det-launch: error: cannot run {ns.sshd}: {e.strerror}", file=sys.stderr)
-        return 127
-    return 0  # not reached
+    return exec_or_fail(argv_sshd)
 
 
 if __name__ == "__main__":

@@ -125,28 +125,24 @@ def read_horovod(env: Mapping[str, str]) -> Optional[Layout]:
 
 
 def read_openmpi(env: Mapping[str, str]) -> Optional[Layout]:
-    if "OMPI_COMM_WORLD_RANK" not in env:
-        return None
-    layout = _block_layout(
-        _int(env, "OMPI_COMM_WORLD_RANK"),
-        _int(env, "OMPI_COMM_WORLD_SIZE"),
-        _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-        _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        "openmpi",
-    )
-    return dataclasses.replace(layout, chief_ip=_chief(env, "MASTER_ADDR"))
+    ompi = "OMPI_COMM_WORLD_"
+    names = (ompi + "RANK", ompi + "SIZE", ompi + "LOCAL_RANK", ompi + "LOCAL_SIZE")
+    return _read_mpi(env, names, "openmpi")
 
 
 def read_pmi(env: Mapping[str, str]) -> Optional[Layout]:
-    if "PMI_RANK" not in env:
+    return _read_mpi(env, ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"), "pmi")
+
+
+def _read_mpi(
+    env: Mapping[str, str], names: tuple[str, str, str, str], source: str
+) -> Optional[Layout]:
+    """An MPI launcher's rank, size, local rank and local size (``names``),
+    ranks placed node by node; the chief from ``MASTER_ADDR``."""
+    if names[0] not in env:
         return None
-    layout = _block_layout(
-        _int(env, "PMI_RANK"),
-        _int(env, "PMI_SIZE"),
-        _int(env, "MPI_LOCALRANKID"),
-        _int(env, "MPI_LOCALNRANKS"),
-        "pmi",
-    )
+    rank, size, local_rank, local_size = (_int(env, name) for name in names)
+    layout = _block_layout(rank, size, local_rank, local_size, source)
     return dataclasses.replace(layout, chief_ip=_chief(env, "MASTER_ADDR"))
 
 

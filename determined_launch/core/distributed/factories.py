@@ -8,7 +8,7 @@ is ``env``'s job (pure functions of a mapping); this only builds contexts.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch.core.distributed import env as dist_env
@@ -53,29 +53,42 @@ class Factories:
         """From torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
         ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``). The chief
         address is ``chief_ip``, ``DET_CHIEF_IP`` or ``MASTER_ADDR``."""
-        env = kwargs.pop("env", None)
-        env = os.environ if env is None else env
-        layout = dist_env.read_torchrun(env)
-        if layout is None:
-            raise DistributedConfigError(
-                "from_torch_distributed: RANK and LOCAL_WORLD_SIZE are not set; run under "
-                "torchrun (or det-launch torch)"
-            )
-        return cls._from_layout(layout, chief_ip, env, kwargs)
+        return cls._from_reader(
+            dist_env.read_torchrun,
+            "from_torch_distributed: RANK and LOCAL_WORLD_SIZE are not set; run under "
+            "torchrun (or det-launch torch)",
+            chief_ip,
+            kwargs,
+        )
 
     @classmethod
     def from_deepspeed(cls, chief_ip: Optional[str] = None, **kwargs: Any) -> DistributedContext:
         """From the DeepSpeed launcher's variables (``RANK``, ``WORLD_SIZE``,
         ``LOCAL_RANK``, ``LOCAL_SIZE``, ``CROSS_RANK``, ``CROSS_SIZE``), or
         torchrun's when DeepSpeed was started by torchrun."""
+        return cls._from_reader(
+            lambda env: dist_env.read_deepspeed(env) or dist_env.read_torchrun(env),
+            "from_deepspeed: RANK and CROSS_RANK (or LOCAL_WORLD_SIZE) are not set; run "
+            "under the deepspeed launcher",
+            chief_ip,
+            kwargs,
+        )
+
+    @classmethod
+    def _from_reader(
+        cls,
+        read: Callable[[Mapping[str, str]], Optional[dist_env.Layout]],
+        missing: str,
+        chief_ip: Optional[str],
+        kwargs: dict[str, Any],
+    ) -> DistributedContext:
+        """A launcher's ``from_*``: its variables (``env=`` or the process's),
+        read by ``read``; ``missing`` is the error when they are absent."""
         env = kwargs.pop("env", None)
         env = os.environ if env is None else env
-        layout = dist_env.read_deepspeed(env) or dist_env.read_torchrun(env)
+        layout = read(env)
         if layout is None:
-            raise DistributedConfigError(
-                "from_deepspeed: RANK and CROSS_RANK (or LOCAL_WORLD_SIZE) are not set; run "
-                "under the deepspeed launcher"
-            )
+            raise DistributedConfigError(missing)
         return cls._from_layout(layout, chief_ip, env, kwargs)
 
     @classmethod

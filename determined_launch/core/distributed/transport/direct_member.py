@@ -136,7 +136,10 @@ class DirectMemberChannel:
         return True
 
     def _read(self, conn: Conn, flags: int) -> None:
-        frames = conn.read(self._scratch, flags)
+        self._queue(conn, conn.read(self._scratch, flags))
+
+    def _queue(self, conn: Conn, frames: Optional[list[bytes]]) -> None:
+        """Queue what ``conn.read`` returned; None means the connection ended."""
         if frames is None:
             if conn.problem:
                 self._drops.drop(conn.problem, self._where)
@@ -155,12 +158,7 @@ class DirectMemberChannel:
         frames = conn.read(self._scratch, 0 if block else DONTWAIT)
         if frames and len(frames) == 1:
             return frames[0]  # the usual case, without the queue
-        if frames is None:
-            if conn.problem:
-                self._drops.drop(conn.problem, self._where)
-            self._lost(conn)
-        else:
-            self._ready += frames
+        self._queue(conn, frames)
         if not self._ready:
             raise IdleTimeout
         return self._ready.popleft()
