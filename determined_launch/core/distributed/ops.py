@@ -12,27 +12,26 @@ authenticated frames reach ``loads`` (``transport/links`` checks them).
 
 from __future__ import annotations
 
+import functools
 import pickle
+import time
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
 from determined_launch.core.distributed.errors import DistributedError
-from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.transport import fused, wire
 from determined_launch.core.distributed.transport.hub import Hub
 from determined_launch.core.distributed.transport.member import Member
 from determined_launch.core.distributed.wiring import Wiring
 
 #: Op ids of *_local collectives, apart from the global ones.
 LOCAL_OP = 1 << 62
-_BCAST, _RESULT = (wire.BCAST,), (wire.RESULT, wire.PART)
+_BCAST = (wire.BCAST,)
 
 
-def dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=5)
-
-
-def loads(data: wire.Buffer) -> Any:
-    return pickle.loads(data)
+#: Pickle protocol 5; C callables, not wrappers: they run for every part.
+dumps = functools.partial(pickle.dumps, protocol=5)
+loads = pickle.loads
 
 
 def run_global(w: Wiring, stuff: Any, kind: int) -> Any:
@@ -44,7 +43,7 @@ def run_global(w: Wiring, stuff: Any, kind: int) -> Any:
     if w.hierarchical:
         return _hier(w, op, stuff, payload, kind)
     if w.global_hub is not None:
-        return _as_hub(w, w.global_hub, op, stuff, payload, kind, _identity)
+        return _as_hub(w, w.global_hub, op, stuff, payload, kind, None)
     if w.global_member is None:  # pragma: no cover
         raise RuntimeError("no global link")
     return _as_member(w, w.global_member, op, stuff, payload, kind, w.layout.rank, _nothing)
@@ -72,8 +71,10 @@ def _as_hub(
     stuff: Any,
     payload: bytes,
     kind: int,
-    index: Callable[[int], int],
+    index: Optional[Callable[[int], int]],
 ) -> Any:
+    """``index`` maps a member's rank to its place in the result (None: the
+    rank itself)."""
     members = list(hub.peers)
     deadline = w.deadline()
     if kind == wire.BCAST:
@@ -86,11 +87,7 @@ def _as_hub(
     if eager:
         hub.send_to(members, wire.PART, op, payload, deadline)
     out = [stuff] * (len(members) + 1)
-
-    def unpickle(rank: int, part: memoryview) -> None:
-        out[index(rank)] = loads(part)
-
-    hub.collect(op, kind, members, deadline, _identity_set, each=unpickle)
+    fused.collect_into(hub, op, kind, members, deadline, _identity_set, out, index)
     if kind == wire.AG and not eager:
         # The result is one pickled list: one loads on each member is
         # several times cheaper than a loads per contribution.
@@ -108,7 +105,9 @@ def _as_member(
     own_index: int,
     idle: Callable[[], None],
 ) -> Any:
-    deadline = w.deadline()
+    deadline = None if w.timeout is None else time.monotonic() + w.timeout
+    if kind == wire.AG:
+        return fused.member_allgather(member, op, stuff, payload, own_index, deadline, idle)
     if kind == wire.BCAST:
         return loads(member.exchange(0, op, b"", _BCAST, deadline, idle)[1])
     if kind == wire.GA:
@@ -118,12 +117,7 @@ def _as_member(
         # gather waits; nothing in the API promises that it does.)
         member.send(kind, op, payload, deadline)
         return None
-    mtype, reply = member.exchange(kind, op, payload, _RESULT, deadline, idle)
-    if mtype == wire.PART:  # the two-rank exchange: the hub's part only
-        return [loads(reply), stuff] if own_index else [stuff, loads(reply)]
-    out = _result_list(reply)
-    out[own_index] = stuff
-    return out
+    raise ValueError(f"unknown collective {kind}")  # pragma: no cover
 
 
 def _hier(w: Wiring, op: int, stuff: Any, payload: bytes, kind: int) -> Any:
@@ -180,7 +174,7 @@ def _hier(w: Wiring, op: int, stuff: Any, payload: bytes, kind: int) -> Any:
         lhub.send_to(list(lhub.peers), wire.RESULT, op, result, deadline)
     if rank == 0:
         return out
-    out = _result_list(memoryview(result))
+    out = fused.result_list(memoryview(result))
     out[rank] = stuff
     return out
 
@@ -202,13 +196,6 @@ def _identity(rank: int) -> int:
 
 def _identity_set(missing: set[int]) -> Iterable[int]:
     return missing
-
-
-def _result_list(payload: memoryview) -> list[Any]:
-    out = loads(payload)
-    if not isinstance(out, list):
-        raise DistributedError(f"malformed result from an authenticated peer: {type(out)}")
-    return out
 
 
 def _parts(bundle: Any) -> list[tuple[int, memoryview]]:

@@ -40,6 +40,7 @@ from determined_launch.core.distributed.transport import wire
 from determined_launch.core.distributed.transport.chan import SLICE_MS, BindError, IdleTimeout
 from determined_launch.core.distributed.transport.stream import (
     CHUNK,
+    DONTWAIT,
     POLL_IN,
     POLL_OUT,
     PRE_LEN,
@@ -201,20 +202,35 @@ class DirectHubChannel:
         lost: list[bytes] = []
         pending: list[Conn] = []
         chunks = framed(frame)
+        whole = chunks[0]
+        size = len(whole) if len(chunks) == 1 else -1
+        by_rid = self._by_rid
         for peer in peers:
-            conn = self._by_rid.get(peer)
-            if conn is None:
+            conn = by_rid.get(peer)
+            if conn is not None and size > 0 and not conn.out:
+                # The usual case, kept short (it runs per peer): the frame
+                # fits in the socket buffer.
+                try:
+                    sent = conn.sock.send(whole, DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    sent = -1
+                if sent == size:
+                    continue
+                if sent >= 0:
+                    conn.out.append(whole[sent:])
+            else:
+                sent = self._push(conn, chunks)
+            if sent < 0:
+                if conn is not None:
+                    self._lost(conn)
                 lost.append(peer)
-                continue
-            try:
-                conn.push(chunks)
-            except OSError:
-                self._lost(conn)
-                lost.append(peer)
-                continue
-            if conn.out:
+            elif conn is not None and conn.out:
                 pending.append(conn)
                 self._poll.modify(conn.fd, POLL_IN | POLL_OUT)
+        if not pending:
+            return lost
         # Finish every send before returning, reading meanwhile (see module doc).
         while any(c.alive and c.out for c in pending):
             if passed(deadline):
@@ -225,6 +241,18 @@ class DirectHubChannel:
             self._pump(SLICE_MS)
         lost += [c.rid for c in pending if not c.alive and c.rid is not None]
         return lost
+
+    def _push(self, conn: Optional[Conn], chunks: tuple[memoryview, ...]) -> int:
+        """``send_many`` for a connection with a backlog (or a large frame):
+        queue the frame behind what is waiting; -1 if the peer is gone."""
+        if conn is None:
+            return -1
+        try:
+            conn.push(chunks)
+        except OSError:
+            self._lost(conn)
+            return -1
+        return 0
 
     def reachable(self, peer: bytes, ping: bytes) -> bool:
         return peer in self._by_rid

@@ -253,7 +253,7 @@ class Hub(Link):
         that did not take the frame by ``deadline``) has missed a result, so
         the job is aborted naming it."""
         frame = self.frame(mtype, op, payload)
-        lost = self.ch.send_many([self._rid[r] for r in ranks], frame, deadline)
+        lost = self.ch.send_many(list(map(self._rid.__getitem__, ranks)), frame, deadline)
         if lost and mtype != wire.ABORT:
             ranks_lost = [self._rank_of[rid] for rid in lost]
             how = "timed out taking" if deadline_passed(deadline, time.monotonic()) else (

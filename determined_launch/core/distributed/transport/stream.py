@@ -120,6 +120,11 @@ class Conn:
             return []
         except OSError:
             return None
+        return self.take(scratch, n)
+
+    def take(self, scratch: memoryview, n: int) -> Optional[list[bytes]]:
+        """``read`` after the receive: ``n`` bytes arrived in ``scratch``
+        (0 is end-of-file)."""
         if not n:
             return None
         if not self.buf and self.rid is not None and n >= LEN_SIZE:

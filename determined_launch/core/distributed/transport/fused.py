@@ -1,0 +1,210 @@
+"""The usual case of a collective on the ``direct`` transport, in one
+function per end.
+
+Why this exists: with several ranks on a small machine, a collective is
+bound by the chief's CPU, and most of the chief's Python work was call
+overhead spread over the layers (``ops`` -> ``hub`` -> channel -> ``Conn``
+-> ``wire``): about 25 functions per collective, each one's code and data
+touched cold again after every context switch. Fusing the usual case cut
+the chief's user CPU per 8-rank allgather from ~165 to ~90 us on this
+project's 2-core machine (benchmarks/RESULTS-distributed.md).
+
+The usual case is one whole frame per read, authenticated and expected.
+These functions check it exactly as the general path does (the MAC
+before anything else in the frame is trusted, then sender, sequence
+number, collective and type), and leave everything else to the general
+path untouched: a partial or extra frame, a bad MAC, a FAIL or ABORT, a
+frame for another collective, a slice without traffic (liveness and
+deadline checks), a new or lost connection. Frames they read but do not
+take go back to the channel's queue in arrival order, and the general
+path (``Hub.collect``, ``Member.wait_any``) finishes the collective.
+
+They read the link's and channel's state directly (sequence numbers,
+connections, queues): they are those classes' fast path, kept in one
+module so that the general path stays readable on its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import pickle
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
+
+from determined_launch.core.distributed.errors import DistributedError
+from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.transport.chan import SLICE_MS
+from determined_launch.core.distributed.transport.direct import DirectHubChannel
+from determined_launch.core.distributed.transport.direct_member import DirectMemberChannel
+from determined_launch.core.distributed.transport.hub import Hub
+from determined_launch.core.distributed.transport.member import Member
+from determined_launch.core.distributed.transport.stream import DONTWAIT, LEN_SIZE, POLL_OUT
+
+_PREFIX = wire.MAGIC + bytes([wire.VERSION])
+# The loops below use literal sizes (length prefix 8, header 24, MAC 32, so a
+# whole frame is at least 64 bytes with its prefix): they run for every message.
+if (LEN_SIZE, wire.HEADER_SIZE, wire.MAC_SIZE) != (8, 24, 32):  # pragma: no cover
+    raise ImportError("fused.py's literal frame sizes no longer match wire.py")
+_HEAD = wire.HEADER
+_MAGIC = wire.MAGIC
+_VERSION = wire.VERSION
+_AG = wire.AG
+#: What a member's allgather gets back: the result, or (two ranks) the hub's part.
+_REPLY = (wire.RESULT, wire.PART)
+_same = hmac.compare_digest
+_loads = pickle.loads
+
+
+def member_allgather(
+    member: Member,
+    op: int,
+    stuff: Any,
+    payload: bytes,
+    own: int,
+    deadline: Optional[float],
+    idle: Callable[[], None],
+) -> list[Any]:
+    """A member's allgather: send this rank's pickled part, return every
+    rank's part with ``stuff`` at index ``own``."""
+    ch = member.ch
+    skey = member.skey
+    if type(ch) is not DirectMemberChannel or skey is None or member._held:
+        return _result(*member.exchange(_AG, op, payload, _REPLY, deadline, idle), stuff, own)
+    conn = ch._conn
+    if conn is None or not conn.alive or conn.out or conn.buf or ch._ready:
+        return _result(*member.exchange(_AG, op, payload, _REPLY, deadline, idle), stuff, own)
+    member._seq += 1
+    body = _HEAD.pack(_MAGIC, _VERSION, _AG, member.rank, member._seq, op) + payload
+    frame = body + skey.mac(body)
+    data = len(frame).to_bytes(8, "big") + frame
+    try:
+        sent = conn.sock.send(data, DONTWAIT)
+    except BlockingIOError:
+        sent = 0
+    except OSError:
+        ch._lost(conn)  # the general wait reports the hub's loss
+        sent = -1
+    if sent == len(data):
+        scratch = ch._scratch
+        try:
+            n = conn.sock.recv_into(scratch)  # blocks for at most one slice (SO_RCVTIMEO)
+        except BlockingIOError:
+            n = -1
+        except OSError:
+            n = 0
+        if n >= 64 and int.from_bytes(scratch[:8], "big") == n - 8 <= conn.limit:
+            reply = bytes(scratch[8:n])  # exactly one whole frame: the usual case
+            if (
+                reply[3] in _REPLY
+                and reply[:3] == _PREFIX
+                and _same(skey.mac(reply[:-32]), reply[-32:])
+            ):
+                _, _, rtype, sender, seq, rop = _HEAD.unpack_from(reply)
+                if sender == member.hub_rank and seq > member._last and rop == op:
+                    member._last = seq
+                    return _result(rtype, memoryview(reply)[24:-32], stuff, own)
+            ch._queue(conn, [reply])
+        elif n >= 0:
+            ch._queue(conn, conn.take(scratch, n))
+    elif sent >= 0:  # the socket buffer is full: finish the send as the general path does
+        conn.out.append(memoryview(data)[sent:])
+        if not ch._flush(conn, deadline):
+            raise member._send_timeout(_AG)
+    return _result(*member.wait_any(op, _REPLY, deadline, idle), stuff, own)
+
+
+def _result(rtype: int, reply: memoryview, stuff: Any, own: int) -> list[Any]:
+    """The list a member's allgather returns, from the hub's authenticated reply."""
+    if rtype == wire.PART:  # the two-rank exchange: the hub's part only
+        return [_loads(reply), stuff] if own else [stuff, _loads(reply)]
+    out = result_list(reply)
+    out[own] = stuff
+    return out
+
+
+def result_list(reply: wire.Buffer) -> list[Any]:
+    """An authenticated allgather result: unpickled, and checked to be a list."""
+    out = _loads(reply)
+    if type(out) is not list:
+        raise DistributedError(f"malformed result from an authenticated peer: {type(out)}")
+    return out
+
+
+def collect_into(
+    hub: Hub,
+    op: int,
+    want: int,
+    senders: Iterable[int],
+    deadline: Optional[float],
+    probe_for: Callable[[set[int]], Iterable[int]],
+    out: list[Any],
+    index: Optional[Callable[[int], int]],
+) -> None:
+    """``Hub.collect``, unpickling each sender's part of type ``want`` for
+    collective ``op`` into ``out`` at ``index(rank)`` (the rank itself when
+    ``index`` is None) as it arrives, so that the work overlaps the wait
+    for later parts. Fast when the usual case holds, general otherwise."""
+    missing = set(senders)
+
+    def unpickle(rank: int, part: memoryview) -> None:
+        out[rank if index is None else index(rank)] = _loads(part)
+
+    ch = hub.ch
+    skey = hub.skey
+    if type(ch) is not DirectHubChannel or skey is None or hub._inbox or ch._ready:
+        hub.collect(op, want, missing, deadline, probe_for, each=unpickle)
+        return
+    mac = skey.mac
+    rank_of = hub._rank_of
+    last = hub._last
+    by_fd = ch._by_fd
+    scratch = ch._scratch
+    poll = ch._poll.poll
+    prefix, same, unpack, loads = _PREFIX, _same, _HEAD.unpack_from, _loads
+    while missing:
+        events = poll(SLICE_MS)
+        if not events:
+            break  # a quiet slice: the general path checks liveness and the deadline
+        for fd, flags in events:
+            conn = by_fd.get(fd)
+            if conn is None or flags & POLL_OUT or conn.buf or conn.rid is None:
+                break  # the listener, a backlog or a half-read frame: the general path
+            try:
+                n = conn.sock.recv_into(scratch)
+            except BlockingIOError:
+                continue
+            except OSError:
+                n = 0
+            if n >= 64 and int.from_bytes(scratch[:8], "big") == n - 8 <= conn.limit:
+                frame = bytes(scratch[8:n])  # exactly one whole frame: the usual case
+                rank = rank_of.get(conn.rid, -1)
+                if (
+                    rank in missing
+                    and frame[3] == want
+                    and frame[:3] == prefix
+                    and same(mac(frame[:-32]), frame[-32:])
+                ):
+                    _, _, _, sender, seq, fop = unpack(frame)
+                    if sender == rank and seq > last[rank] and fop == op:
+                        last[rank] = seq
+                        missing.discard(rank)
+                        # Authenticated, and from the rank it names: only now unpickled.
+                        out[rank if index is None else index(rank)] = loads(
+                            memoryview(frame)[24:-32]
+                        )
+                        continue
+                ch._ready.append((conn.rid, frame))
+            else:
+                taken = conn.take(scratch, n)
+                if taken is None:
+                    ch._lost_or_bad(conn)
+                elif not taken:
+                    continue  # part of a frame, now buffered
+                else:
+                    ch._ready.extend((conn.rid, f) for f in taken)
+            break
+        else:
+            continue  # every event was the usual case
+        break  # something else: the general path takes over from here
+    if missing:
+        hub.collect(op, want, missing, deadline, probe_for, each=unpickle)

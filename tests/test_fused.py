@@ -1,0 +1,359 @@
+"""The fused hot path (transport/fused.py) over real Unix sockets: it takes
+the usual case, and hands everything else to the general path untouched
+(replays, bad MACs, frames for other collectives, failures, split or
+coalesced frames). A hub and two members live in this process; frames the
+tests forge are written straight onto the members' sockets."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from determined_launch.core.distributed.errors import DistributedError
+from determined_launch.core.distributed.transport import fused, links, wire
+from determined_launch.core.distributed.transport.direct import DirectHubChannel
+from determined_launch.core.distributed.transport.direct_member import DirectMemberChannel
+from determined_launch.core.distributed.transport.hub import Hub
+from determined_launch.core.distributed.transport.member import Member
+
+KEY = wire.job_key("f" * 32)
+SIZE = 3
+
+
+class Star:
+    def __init__(self, hub: Hub, members: list[Member]) -> None:
+        self.hub = hub
+        self.members = members
+
+    def raw_to_hub(self, member: Member, frame: bytes) -> None:
+        """Bytes onto a member's connection, as if that member sent them."""
+        conn = member.ch._conn  # type: ignore[attr-defined]
+        conn.sock.sendall(len(frame).to_bytes(8, "big") + frame)
+
+    def raw_to_member(self, member: Member, frame: bytes) -> None:
+        conn = self.hub.ch._by_rid[member.rid]  # type: ignore[attr-defined]
+        conn.sock.setblocking(True)
+        try:
+            conn.sock.sendall(len(frame).to_bytes(8, "big") + frame)
+        finally:
+            conn.sock.setblocking(False)
+
+    def part(self, member: Member, op: int, obj: Any, mtype: int = wire.AG) -> bytes:
+        """A frame ``member`` could send: its session key, its next seq."""
+        member._seq += 1
+        return wire.encode(member.skey, mtype, member.rank, member._seq, op, pickle.dumps(obj))  # type: ignore[arg-type]
+
+    def collect(self, op: int) -> list[Any]:
+        out: list[Any] = ["hub", None, None]
+        fused.collect_into(
+            self.hub, op, wire.AG, [1, 2], time.monotonic() + 10, lambda m: m, out, None
+        )
+        return out
+
+
+@pytest.fixture
+def star(tmp_path: Path) -> Iterator[Star]:
+    drops = wire.DropLog(logging.getLogger("test.fused"))
+    chan = DirectHubChannel(drops, "test hub")
+    addr = chan.bind(f"ipc://{tmp_path}/hub.sock")
+    hub = Hub(
+        chan, rank=0, key=KEY, drops=drops, where="test", expected=2, check_hello=lambda p: None
+    )
+    members = []
+    for rank in (1, 2):
+        rid = links.new_rid()
+        mdrops = wire.DropLog(logging.getLogger("test.fused"))
+        member = Member(
+            DirectMemberChannel(mdrops, "test member", rid),
+            rid,
+            rank=rank,
+            hub_rank=0,
+            key=KEY,
+            drops=mdrops,
+            where="test",
+            role="the chief",
+        )
+        member.connect(addr)
+        members.append(member)
+    deadline = time.monotonic() + 10
+    threads = [
+        threading.Thread(
+            target=m.handshake,
+            args=(links.Peer(m.rank, SIZE, m.rank, SIZE, 0, 1), deadline, lambda: None),
+        )
+        for m in members
+    ]
+    for t in threads:
+        t.start()
+    hub.accept(deadline, lambda: None, lambda: b"{}")
+    for t in threads:
+        t.join(10)
+    try:
+        yield Star(hub, members)
+    finally:
+        for m in members:
+            m.close(0)
+        hub.close(0)
+
+
+def _later(delay: float, fn: Any, *args: Any) -> threading.Thread:
+    """Run ``fn(*args)`` after ``delay``: so that what the test wrote first
+    arrives alone, in its own read."""
+
+    def run() -> None:
+        time.sleep(delay)
+        fn(*args)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _member_round(star: Star, op: int) -> tuple[list[list[Any]], list[Any]]:
+    """One real allgather: both members through the fused path, the hub too."""
+    results: list[list[Any]] = [[], []]
+
+    def member(i: int) -> None:
+        m = star.members[i]
+        payload = pickle.dumps(f"m{m.rank}")
+        results[i] = fused.member_allgather(
+            m, op, f"m{m.rank}", payload, m.rank, time.monotonic() + 10, lambda: None
+        )
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    out = star.collect(op)
+    star.hub.send_to([1, 2], wire.RESULT, op, pickle.dumps(out))
+    for t in threads:
+        t.join(10)
+    return results, out
+
+
+def test_the_usual_case_round_trips(star: Star) -> None:
+    for op in (1, 2, 3):
+        results, out = _member_round(star, op)
+        assert out == ["hub", "m1", "m2"]
+        assert results == [["hub", "m1", "m2"]] * 2
+    assert star.hub.drops.count == 0
+
+
+def test_hub_drops_a_replayed_part_and_takes_the_fresh_one(star: Star) -> None:
+    m1, m2 = star.members
+    old = star.part(m1, 1, "old")
+    star.raw_to_hub(m1, old)
+    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
+    assert star.collect(1) == ["hub", "old", "m2"]
+    # The same bytes again: authentic, but not newer than what rank 1 sent.
+    star.raw_to_hub(m1, old)
+    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 2, "fresh"))
+    star.raw_to_hub(m2, star.part(m2, 2, "m2"))
+    assert star.collect(2) == ["hub", "fresh", "m2"]
+    t.join()
+    assert star.hub.drops.count == 1
+
+
+def test_hub_drops_a_stale_sequence_number_for_the_current_collective(star: Star) -> None:
+    m1, m2 = star.members
+    _member_round(star, 1)
+    stale = wire.encode(m1.skey, wire.AG, 1, m1._seq, 2, pickle.dumps("stale"))  # type: ignore[arg-type]
+    star.raw_to_hub(m1, stale)
+    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 2, "fresh"))
+    star.raw_to_hub(m2, star.part(m2, 2, "m2"))
+    assert star.collect(2) == ["hub", "fresh", "m2"]
+    t.join()
+    assert star.hub.drops.count == 1
+
+
+def test_hub_never_credits_a_part_to_a_rank_its_connection_is_not(star: Star) -> None:
+    m1, m2 = star.members
+    m1._seq += 1
+    as_rank_2 = wire.encode(m1.skey, wire.AG, 2, m1._seq, 1, pickle.dumps("spoof"))  # type: ignore[arg-type]
+    star.raw_to_hub(m1, as_rank_2)
+    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 1, "m1"))
+    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
+    assert star.collect(1) == ["hub", "m1", "m2"]
+    t.join()
+    assert star.hub.drops.count == 1
+
+
+def test_hub_never_takes_a_part_for_another_collective(star: Star) -> None:
+    m1, m2 = star.members
+    star.raw_to_hub(m1, star.part(m1, 2, "op 2"))
+    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
+    out: list[Any] = [None] * 3
+    with pytest.raises(DistributedError, match="timed out.*rank 1"):
+        fused.collect_into(
+            star.hub, 1, wire.AG, [1, 2], time.monotonic() + 0.6, lambda m: m, out, None
+        )
+    assert out[1] is None
+
+
+def test_hub_reports_a_part_of_another_kind(star: Star) -> None:
+    m1, m2 = star.members
+    star.raw_to_hub(m1, star.part(m1, 1, "a gather part", mtype=wire.GA))
+    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
+    with pytest.raises(DistributedError, match="rank 1 called gather while rank 0 called all"):
+        star.collect(1)
+
+
+def test_hub_never_unpickles_a_forged_part(star: Star, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bytes] = []
+
+    def loads(data: Any) -> Any:
+        seen.append(bytes(data))
+        return pickle.loads(data)
+
+    monkeypatch.setattr(fused, "_loads", loads)
+    m1, m2 = star.members
+    forged = bytearray(star.part(m1, 1, "forged"))
+    forged[-1] ^= 1
+    star.raw_to_hub(m1, bytes(forged))
+    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 1, "m1"))
+    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
+    assert star.collect(1) == ["hub", "m1", "m2"]
+    t.join()
+    assert pickle.dumps("forged") not in seen
+    assert star.hub.drops.count == 1
+
+
+def test_hub_holds_a_part_that_arrives_for_a_later_collective(star: Star) -> None:
+    m1, m2 = star.members
+    star.raw_to_hub(m1, star.part(m1, 1, "m1-op1"))
+    # Rank 1 is a collective ahead (a gather does not wait), rank 2 is late.
+    t1 = _later(0.2, star.raw_to_hub, m1, star.part(m1, 2, "m1-op2"))
+    t2 = _later(0.5, star.raw_to_hub, m2, star.part(m2, 1, "m2-op1"))
+    assert star.collect(1) == ["hub", "m1-op1", "m2-op1"]
+    t1.join()
+    t2.join()
+    star.raw_to_hub(m2, star.part(m2, 2, "m2-op2"))
+    assert star.collect(2) == ["hub", "m1-op2", "m2-op2"]
+    assert star.hub.drops.count == 0
+
+
+def test_hub_keeps_early_parts_from_one_read_for_their_collective(star: Star) -> None:
+    m1, m2 = star.members
+    both = star.part(m1, 1, "m1-op1"), star.part(m1, 2, "m1-op2")
+    conn = m1.ch._conn  # type: ignore[attr-defined]
+    conn.sock.sendall(b"".join(len(f).to_bytes(8, "big") + f for f in both))
+    star.raw_to_hub(m2, star.part(m2, 1, "m2-op1"))
+    assert star.collect(1) == ["hub", "m1-op1", "m2-op1"]
+    star.raw_to_hub(m2, star.part(m2, 2, "m2-op2"))
+    assert star.collect(2) == ["hub", "m1-op2", "m2-op2"]
+    assert star.hub.drops.count == 0
+
+
+def test_hub_reassembles_a_part_split_across_reads(star: Star) -> None:
+    m1, m2 = star.members
+    frame = star.part(m1, 1, "x" * 5000)
+    data = len(frame).to_bytes(8, "big") + frame
+    conn = m1.ch._conn  # type: ignore[attr-defined]
+    conn.sock.sendall(data[:100])
+    t = _later(0.3, conn.sock.sendall, data[100:])
+    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
+    assert star.collect(1) == ["hub", "x" * 5000, "m2"]
+    t.join()
+
+
+def test_hub_raises_when_a_member_reports_failure(star: Star) -> None:
+    m1, _ = star.members
+    m1._seq += 1
+    body = links.error_body(DistributedError("boom on rank 1", [1]))
+    star.raw_to_hub(m1, wire.encode(m1.skey, wire.FAIL, 1, m1._seq, 0, body))  # type: ignore[arg-type]
+    with pytest.raises(DistributedError, match="boom on rank 1.*reported by rank 1"):
+        star.collect(1)
+
+
+# ------------------------------------------------------------- member side
+def _hub_frame(star: Star, mtype: int, op: int, obj: Any, seq: int = 0) -> bytes:
+    if not seq:
+        star.hub._seq += 1
+        seq = star.hub._seq
+    return wire.encode(star.hub.skey, mtype, 0, seq, op, pickle.dumps(obj))  # type: ignore[arg-type]
+
+
+def _member_allgather(star: Star, op: int, timeout: float = 10) -> list[Any]:
+    m1 = star.members[0]
+    return fused.member_allgather(
+        m1, op, "m1", pickle.dumps("m1"), 1, time.monotonic() + timeout, lambda: None
+    )
+
+
+def test_member_drops_a_replayed_result(star: Star) -> None:
+    m1 = star.members[0]
+    first = _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"])
+    star.raw_to_member(m1, first)
+    assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
+    star.raw_to_member(m1, first)  # the same authentic frame again
+    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 2, ["hub", None, "new"]))
+    assert _member_allgather(star, 2) == ["hub", "m1", "new"]
+    t.join()
+    assert m1.drops.count == 1
+
+
+def test_member_drops_a_stale_sequence_number(star: Star) -> None:
+    m1 = star.members[0]
+    star.raw_to_member(m1, _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"]))
+    assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
+    stale = _hub_frame(star, wire.RESULT, 2, ["hub", None, "stale"], seq=m1._last)
+    star.raw_to_member(m1, stale)
+    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 2, ["hub", None, "new"]))
+    assert _member_allgather(star, 2) == ["hub", "m1", "new"]
+    t.join()
+    assert m1.drops.count == 1
+
+
+def test_member_drops_a_result_that_claims_another_sender(star: Star) -> None:
+    m1 = star.members[0]
+    star.hub._seq += 1
+    claims_rank_2 = wire.encode(
+        star.hub.skey, wire.RESULT, 2, star.hub._seq, 1, pickle.dumps(["x", None, "y"])  # type: ignore[arg-type]
+    )
+    star.raw_to_member(m1, claims_rank_2)
+    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"]))
+    assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
+    t.join()
+    assert m1.drops.count == 1
+
+
+def test_member_reports_a_reply_of_another_kind(star: Star) -> None:
+    m1 = star.members[0]
+    star.raw_to_member(m1, _hub_frame(star, wire.BCAST, 1, "a broadcast"))
+    with pytest.raises(DistributedError, match="collective mismatch"):
+        _member_allgather(star, 1)
+
+
+def test_member_raises_on_abort(star: Star) -> None:
+    m1 = star.members[0]
+    body = links.error_body(DistributedError("rank 2 died", [2]))
+    star.hub._seq += 1
+    star.raw_to_member(
+        m1, wire.encode(star.hub.skey, wire.ABORT, 0, star.hub._seq, 0, body)  # type: ignore[arg-type]
+    )
+    with pytest.raises(DistributedError, match="rank 2 died"):
+        _member_allgather(star, 1)
+
+
+def test_member_reports_a_result_for_another_collective(star: Star) -> None:
+    m1 = star.members[0]
+    star.raw_to_member(m1, _hub_frame(star, wire.RESULT, 7, ["hub", None, "m2"]))
+    with pytest.raises(DistributedError, match="collective mismatch"):
+        _member_allgather(star, 1)
+
+
+def test_member_ignores_a_forged_result(star: Star) -> None:
+    m1 = star.members[0]
+    forged = bytearray(_hub_frame(star, wire.RESULT, 1, ["forged", None, "x"]))
+    forged[-1] ^= 1
+    star.raw_to_member(m1, bytes(forged))
+    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"]))
+    assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
+    t.join()
+    assert m1.drops.count == 1
