@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -357,3 +358,48 @@ def test_member_ignores_a_forged_result(star: Star) -> None:
     assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
     t.join()
     assert m1.drops.count == 1
+
+
+# --------------------------------------------------------------- hub sends
+def test_hub_send_finishes_a_frame_the_socket_took_only_part_of(star: Star) -> None:
+    m1, m2 = star.members
+    conn = star.hub.ch._by_rid[m1.rid]  # type: ignore[attr-defined]
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = "x" * 100_000
+    got: dict[int, Any] = {}
+
+    def receive(m: Member) -> None:
+        time.sleep(0.2)  # let the hub's first send fill the buffer
+        got[m.rank] = pickle.loads(m.wait(1, wire.RESULT, time.monotonic() + 10))
+
+    threads = [threading.Thread(target=receive, args=(m,)) for m in (m1, m2)]
+    for t in threads:
+        t.start()
+    fused.send_to(star.hub, [1, 2], wire.RESULT, 1, pickle.dumps(big), time.monotonic() + 10)
+    for t in threads:
+        t.join(10)
+    assert got == {1: big, 2: big}
+
+
+def test_hub_send_names_a_member_that_is_gone(star: Star) -> None:
+    _, m2 = star.members
+    m2.close(0)
+    time.sleep(0.1)
+    with pytest.raises(DistributedError, match="rank 2 disconnected before a allgather"):
+        fused.send_to(star.hub, [1, 2], wire.RESULT, 1, pickle.dumps("r"), time.monotonic() + 5)
+
+
+def test_hub_send_of_a_frame_larger_than_a_chunk_goes_the_general_way(star: Star) -> None:
+    big = b"y" * (300 * 1024)  # over stream.CHUNK: sent as two pieces
+    got: dict[int, Any] = {}
+
+    def receive(m: Member) -> None:
+        got[m.rank] = pickle.loads(m.wait(1, wire.RESULT, time.monotonic() + 10))
+
+    threads = [threading.Thread(target=receive, args=(m,)) for m in star.members]
+    for t in threads:
+        t.start()
+    fused.send_to(star.hub, [1, 2], wire.RESULT, 1, pickle.dumps(big), time.monotonic() + 10)
+    for t in threads:
+        t.join(10)
+    assert got == {1: big, 2: big}

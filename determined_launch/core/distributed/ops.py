@@ -44,9 +44,13 @@ def run_global(w: Wiring, stuff: Any, kind: int) -> Any:
         return _hier(w, op, stuff, payload, kind)
     if w.global_hub is not None:
         return _as_hub(w, w.global_hub, op, stuff, payload, kind, None)
-    if w.global_member is None:  # pragma: no cover
+    member = w.global_member
+    if member is None:  # pragma: no cover
         raise RuntimeError("no global link")
-    return _as_member(w, w.global_member, op, stuff, payload, kind, w.layout.rank, _nothing)
+    if kind == wire.AG:  # the most frequent call of all: one stop fewer
+        deadline = None if w.timeout is None else time.monotonic() + w.timeout
+        return fused.member_allgather(member, op, stuff, payload, w.layout.rank, deadline, _nothing)
+    return _as_member(w, member, op, stuff, payload, kind, w.layout.rank, _nothing)
 
 
 def run_local(w: Wiring, stuff: Any, kind: int) -> Any:
@@ -91,7 +95,7 @@ def _as_hub(
     if kind == wire.AG and not eager:
         # The result is one pickled list: one loads on each member is
         # several times cheaper than a loads per contribution.
-        hub.send_to(members, wire.RESULT, op, dumps(out), deadline)
+        fused.send_to(hub, members, wire.RESULT, op, dumps(out), deadline)
     return out
 
 

@@ -197,10 +197,20 @@ class DirectHubChannel:
         return not self.send_many([peer], frame, time.monotonic() + SLICE_MS / 1000)
 
     def send_many(
-        self, peers: list[bytes], frame: bytes, deadline: Optional[float] = None
+        self,
+        peers: list[bytes],
+        frame: bytes,
+        deadline: Optional[float] = None,
+        begun: tuple[Conn, ...] = (),
     ) -> list[bytes]:
+        """See ``HubChannel.send_many``. ``begun``: connections that already
+        hold part of this frame in their output (``fused`` hands them over),
+        to be finished like the others."""
         lost: list[bytes] = []
         pending: list[Conn] = []
+        for started in begun:
+            pending.append(started)
+            self._poll.modify(started.fd, POLL_IN | POLL_OUT)
         chunks = framed(frame)
         whole = chunks[0]
         size = len(whole) if len(chunks) == 1 else -1

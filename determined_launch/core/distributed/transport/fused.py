@@ -38,7 +38,13 @@ from determined_launch.core.distributed.transport.direct import DirectHubChannel
 from determined_launch.core.distributed.transport.direct_member import DirectMemberChannel
 from determined_launch.core.distributed.transport.hub import Hub
 from determined_launch.core.distributed.transport.member import Member
-from determined_launch.core.distributed.transport.stream import DONTWAIT, LEN_SIZE, POLL_OUT
+from determined_launch.core.distributed.transport.stream import (
+    CHUNK,
+    DONTWAIT,
+    LEN_SIZE,
+    POLL_OUT,
+    Conn,
+)
 
 _PREFIX = wire.MAGIC + bytes([wire.VERSION])
 # The loops below use literal sizes (length prefix 8, header 24, MAC 32, so a
@@ -49,6 +55,7 @@ _HEAD = wire.HEADER
 _MAGIC = wire.MAGIC
 _VERSION = wire.VERSION
 _AG = wire.AG
+_RESULT = wire.RESULT
 #: What a member's allgather gets back: the result, or (two ranks) the hub's part.
 _REPLY = (wire.RESULT, wire.PART)
 _same = hmac.compare_digest
@@ -102,6 +109,11 @@ def member_allgather(
                 _, _, rtype, sender, seq, rop = _HEAD.unpack_from(reply)
                 if sender == member.hub_rank and seq > member._last and rop == op:
                     member._last = seq
+                    if rtype == _RESULT:
+                        out = _loads(memoryview(reply)[24:-32])
+                        if type(out) is list:
+                            out[own] = stuff
+                            return out
                     return _result(rtype, memoryview(reply)[24:-32], stuff, own)
             ch._queue(conn, [reply])
         elif n >= 0:
@@ -208,3 +220,46 @@ def collect_into(
         break  # something else: the general path takes over from here
     if missing:
         hub.collect(op, want, missing, deadline, probe_for, each=unpickle)
+
+
+def send_to(
+    hub: Hub,
+    ranks: list[int],
+    mtype: int,
+    op: int,
+    payload: bytes,
+    deadline: Optional[float],
+) -> None:
+    """``Hub.send_to``, with the usual case (the frame fits each socket's
+    buffer) in one loop. From the first connection that is not the usual
+    case on, ``send_many`` takes over, finishing a frame begun here."""
+    ch = hub.ch
+    if type(ch) is not DirectHubChannel:
+        hub.send_to(ranks, mtype, op, payload, deadline)
+        return
+    frame = hub.frame(mtype, op, payload)
+    data = len(frame).to_bytes(8, "big") + frame
+    size = len(data)
+    rid_of = hub._rid
+    conns = list(map(ch._by_rid.get, map(rid_of.__getitem__, ranks)))
+    begun: tuple[Conn, ...] = ()
+    stop = 0
+    if size <= CHUNK:
+        dontwait = DONTWAIT
+        for conn in conns:
+            if conn is None or conn.out:
+                break
+            try:
+                sent = conn.sock.send(data, dontwait)
+            except OSError:  # a full buffer or a broken connection: the general path
+                break
+            if sent != size:
+                conn.out.append(memoryview(data)[sent:])
+                begun = (conn,)
+                break
+        else:
+            return
+        # From the connection the loop stopped at (after it, if it holds part of the frame).
+        stop = conns.index(conn) + len(begun)
+    rest_rids = list(map(rid_of.__getitem__, ranks[stop:]))
+    hub.check_sent(ch.send_many(rest_rids, frame, deadline, begun), mtype, deadline)

@@ -254,6 +254,10 @@ class Hub(Link):
         the job is aborted naming it."""
         frame = self.frame(mtype, op, payload)
         lost = self.ch.send_many(list(map(self._rid.__getitem__, ranks)), frame, deadline)
+        self.check_sent(lost, mtype, deadline)
+
+    def check_sent(self, lost: list[bytes], mtype: int, deadline: Optional[float]) -> None:
+        """Abort the job if any peer missed a frame (``send_many``'s answer)."""
         if lost and mtype != wire.ABORT:
             ranks_lost = [self._rank_of[rid] for rid in lost]
             how = "timed out taking" if deadline_passed(deadline, time.monotonic()) else (
