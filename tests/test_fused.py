@@ -146,43 +146,40 @@ def test_the_usual_case_round_trips(star: Star) -> None:
     assert star.hub.drops.count == 0
 
 
-def test_hub_drops_a_replayed_part_and_takes_the_fresh_one(star: Star) -> None:
+def _hub_drops_then_takes(star: Star, bad: bytes, op: int) -> None:
+    """``bad`` arrives alone on rank 1's connection and rank 1's real part a
+    moment later: the hub must drop the first and take the second."""
+    m1, m2 = star.members
+    drops = star.hub.drops.count
+    star.raw_to_hub(m1, bad)
+    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, op, "m1"))
+    star.raw_to_hub(m2, star.part(m2, op, "m2"))
+    assert star.collect(op) == ["hub", "m1", "m2"]
+    t.join()
+    assert star.hub.drops.count == drops + 1
+
+
+def test_hub_drops_a_replayed_part(star: Star) -> None:
     m1, m2 = star.members
     old = star.part(m1, 1, "old")
     star.raw_to_hub(m1, old)
     star.raw_to_hub(m2, star.part(m2, 1, "m2"))
     assert star.collect(1) == ["hub", "old", "m2"]
-    # The same bytes again: authentic, but not newer than what rank 1 sent.
-    star.raw_to_hub(m1, old)
-    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 2, "fresh"))
-    star.raw_to_hub(m2, star.part(m2, 2, "m2"))
-    assert star.collect(2) == ["hub", "fresh", "m2"]
-    t.join()
-    assert star.hub.drops.count == 1
+    _hub_drops_then_takes(star, old, 2)  # the same bytes again: authentic, but not new
 
 
 def test_hub_drops_a_stale_sequence_number_for_the_current_collective(star: Star) -> None:
-    m1, m2 = star.members
+    m1 = star.members[0]
     _member_round(star, 1)
     stale = wire.encode(m1.skey, wire.AG, 1, m1._seq, 2, pickle.dumps("stale"))  # type: ignore[arg-type]
-    star.raw_to_hub(m1, stale)
-    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 2, "fresh"))
-    star.raw_to_hub(m2, star.part(m2, 2, "m2"))
-    assert star.collect(2) == ["hub", "fresh", "m2"]
-    t.join()
-    assert star.hub.drops.count == 1
+    _hub_drops_then_takes(star, stale, 2)
 
 
 def test_hub_never_credits_a_part_to_a_rank_its_connection_is_not(star: Star) -> None:
-    m1, m2 = star.members
+    m1 = star.members[0]
     m1._seq += 1
     as_rank_2 = wire.encode(m1.skey, wire.AG, 2, m1._seq, 1, pickle.dumps("spoof"))  # type: ignore[arg-type]
-    star.raw_to_hub(m1, as_rank_2)
-    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 1, "m1"))
-    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
-    assert star.collect(1) == ["hub", "m1", "m2"]
-    t.join()
-    assert star.hub.drops.count == 1
+    _hub_drops_then_takes(star, as_rank_2, 1)
 
 
 def test_hub_never_takes_a_part_for_another_collective(star: Star) -> None:
@@ -213,16 +210,10 @@ def test_hub_never_unpickles_a_forged_part(star: Star, monkeypatch: pytest.Monke
         return pickle.loads(data)
 
     monkeypatch.setattr(fused, "_loads", loads)
-    m1, m2 = star.members
-    forged = bytearray(star.part(m1, 1, "forged"))
+    forged = bytearray(star.part(star.members[0], 1, "forged"))
     forged[-1] ^= 1
-    star.raw_to_hub(m1, bytes(forged))
-    t = _later(0.3, star.raw_to_hub, m1, star.part(m1, 1, "m1"))
-    star.raw_to_hub(m2, star.part(m2, 1, "m2"))
-    assert star.collect(1) == ["hub", "m1", "m2"]
-    t.join()
+    _hub_drops_then_takes(star, bytes(forged), 1)
     assert pickle.dumps("forged") not in seen
-    assert star.hub.drops.count == 1
 
 
 def test_hub_holds_a_part_that_arrives_for_a_later_collective(star: Star) -> None:
@@ -287,16 +278,23 @@ def _member_allgather(star: Star, op: int, timeout: float = 10) -> list[Any]:
     )
 
 
+def _member_drops_then_takes(star: Star, bad: bytes, op: int) -> None:
+    """``bad`` arrives alone at rank 1 and the real result a moment later."""
+    m1 = star.members[0]
+    drops = m1.drops.count
+    star.raw_to_member(m1, bad)
+    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, op, ["hub", None, "m2"]))
+    assert _member_allgather(star, op) == ["hub", "m1", "m2"]
+    t.join()
+    assert m1.drops.count == drops + 1
+
+
 def test_member_drops_a_replayed_result(star: Star) -> None:
     m1 = star.members[0]
     first = _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"])
     star.raw_to_member(m1, first)
     assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
-    star.raw_to_member(m1, first)  # the same authentic frame again
-    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 2, ["hub", None, "new"]))
-    assert _member_allgather(star, 2) == ["hub", "m1", "new"]
-    t.join()
-    assert m1.drops.count == 1
+    _member_drops_then_takes(star, first, 2)  # the same authentic frame again
 
 
 def test_member_drops_a_stale_sequence_number(star: Star) -> None:
@@ -304,24 +302,15 @@ def test_member_drops_a_stale_sequence_number(star: Star) -> None:
     star.raw_to_member(m1, _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"]))
     assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
     stale = _hub_frame(star, wire.RESULT, 2, ["hub", None, "stale"], seq=m1._last)
-    star.raw_to_member(m1, stale)
-    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 2, ["hub", None, "new"]))
-    assert _member_allgather(star, 2) == ["hub", "m1", "new"]
-    t.join()
-    assert m1.drops.count == 1
+    _member_drops_then_takes(star, stale, 2)
 
 
 def test_member_drops_a_result_that_claims_another_sender(star: Star) -> None:
-    m1 = star.members[0]
     star.hub._seq += 1
     claims_rank_2 = wire.encode(
         star.hub.skey, wire.RESULT, 2, star.hub._seq, 1, pickle.dumps(["x", None, "y"])  # type: ignore[arg-type]
     )
-    star.raw_to_member(m1, claims_rank_2)
-    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"]))
-    assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
-    t.join()
-    assert m1.drops.count == 1
+    _member_drops_then_takes(star, claims_rank_2, 1)
 
 
 def test_member_reports_a_reply_of_another_kind(star: Star) -> None:
@@ -350,14 +339,9 @@ def test_member_reports_a_result_for_another_collective(star: Star) -> None:
 
 
 def test_member_ignores_a_forged_result(star: Star) -> None:
-    m1 = star.members[0]
     forged = bytearray(_hub_frame(star, wire.RESULT, 1, ["forged", None, "x"]))
     forged[-1] ^= 1
-    star.raw_to_member(m1, bytes(forged))
-    t = _later(0.3, star.raw_to_member, m1, _hub_frame(star, wire.RESULT, 1, ["hub", None, "m2"]))
-    assert _member_allgather(star, 1) == ["hub", "m1", "m2"]
-    t.join()
-    assert m1.drops.count == 1
+    _member_drops_then_takes(star, bytes(forged), 1)
 
 
 # --------------------------------------------------------------- hub sends
