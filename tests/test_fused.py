@@ -345,24 +345,30 @@ def test_member_ignores_a_forged_result(star: Star) -> None:
 
 
 # --------------------------------------------------------------- hub sends
-def test_hub_send_finishes_a_frame_the_socket_took_only_part_of(star: Star) -> None:
-    m1, m2 = star.members
-    conn = star.hub.ch._by_rid[m1.rid]  # type: ignore[attr-defined]
-    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    big = "x" * 100_000
+def _sent_to_both(star: Star, obj: Any, read_after: float = 0.0) -> dict[int, Any]:
+    """``fused.send_to`` a result to both members, which read it on the
+    general path (after ``read_after`` seconds); what each one got."""
     got: dict[int, Any] = {}
 
     def receive(m: Member) -> None:
-        time.sleep(0.2)  # let the hub's first send fill the buffer
+        time.sleep(read_after)
         got[m.rank] = pickle.loads(m.wait(1, wire.RESULT, time.monotonic() + 10))
 
-    threads = [threading.Thread(target=receive, args=(m,)) for m in (m1, m2)]
+    threads = [threading.Thread(target=receive, args=(m,)) for m in star.members]
     for t in threads:
         t.start()
-    fused.send_to(star.hub, [1, 2], wire.RESULT, 1, pickle.dumps(big), time.monotonic() + 10)
+    fused.send_to(star.hub, [1, 2], wire.RESULT, 1, pickle.dumps(obj), time.monotonic() + 10)
     for t in threads:
         t.join(10)
-    assert got == {1: big, 2: big}
+    return got
+
+
+def test_hub_send_finishes_a_frame_the_socket_took_only_part_of(star: Star) -> None:
+    conn = star.hub.ch._by_rid[star.members[0].rid]  # type: ignore[attr-defined]
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = "x" * 100_000
+    # The members read late, so the hub's first send fills rank 1's small buffer.
+    assert _sent_to_both(star, big, read_after=0.2) == {1: big, 2: big}
 
 
 def test_hub_send_names_a_member_that_is_gone(star: Star) -> None:
@@ -375,15 +381,4 @@ def test_hub_send_names_a_member_that_is_gone(star: Star) -> None:
 
 def test_hub_send_of_a_frame_larger_than_a_chunk_goes_the_general_way(star: Star) -> None:
     big = b"y" * (300 * 1024)  # over stream.CHUNK: sent as two pieces
-    got: dict[int, Any] = {}
-
-    def receive(m: Member) -> None:
-        got[m.rank] = pickle.loads(m.wait(1, wire.RESULT, time.monotonic() + 10))
-
-    threads = [threading.Thread(target=receive, args=(m,)) for m in star.members]
-    for t in threads:
-        t.start()
-    fused.send_to(star.hub, [1, 2], wire.RESULT, 1, pickle.dumps(big), time.monotonic() + 10)
-    for t in threads:
-        t.join(10)
-    assert got == {1: big, 2: big}
+    assert _sent_to_both(star, big) == {1: big, 2: big}

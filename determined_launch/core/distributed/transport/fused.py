@@ -55,7 +55,6 @@ _HEAD = wire.HEADER
 _MAGIC = wire.MAGIC
 _VERSION = wire.VERSION
 _AG = wire.AG
-_RESULT = wire.RESULT
 #: What a member's allgather gets back: the result, or (two ranks) the hub's part.
 _REPLY = (wire.RESULT, wire.PART)
 _same = hmac.compare_digest
@@ -109,11 +108,6 @@ def member_allgather(
                 _, _, rtype, sender, seq, rop = _HEAD.unpack_from(reply)
                 if sender == member.hub_rank and seq > member._last and rop == op:
                     member._last = seq
-                    if rtype == _RESULT:
-                        out = _loads(memoryview(reply)[24:-32])
-                        if type(out) is list:
-                            out[own] = stuff
-                            return out
                     return _result(rtype, memoryview(reply)[24:-32], stuff, own)
             ch._queue(conn, [reply])
         elif n >= 0:
