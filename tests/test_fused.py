@@ -338,6 +338,20 @@ def test_member_reports_a_result_for_another_collective(star: Star) -> None:
         _member_allgather(star, 1)
 
 
+def test_member_rejects_an_authentic_result_that_is_not_a_list(star: Star) -> None:
+    m1 = star.members[0]
+    star.raw_to_member(m1, _hub_frame(star, wire.RESULT, 1, {"not": "a list"}))
+    with pytest.raises(DistributedError, match="malformed result.*dict"):
+        _member_allgather(star, 1)
+
+
+def test_member_of_two_ranks_places_the_hubs_part(star: Star) -> None:
+    """With two ranks the hub sends only its part (PART), not a list."""
+    m1 = star.members[0]
+    star.raw_to_member(m1, _hub_frame(star, wire.PART, 1, ["the hub's part"]))
+    assert _member_allgather(star, 1) == [["the hub's part"], "m1"]
+
+
 def test_member_ignores_a_forged_result(star: Star) -> None:
     forged = bytearray(_hub_frame(star, wire.RESULT, 1, ["forged", None, "x"]))
     forged[-1] ^= 1

@@ -283,7 +283,7 @@ class DistributedContext(Factories):
         """Every rank gets the list of every rank's ``stuff``, ordered by rank."""
         if self.size < 2:
             return [stuff]
-        return self._run(ops.run_global, stuff, wire.AG)
+        return self._run(ops.allgather_global, stuff, wire.AG)
 
     def gather(self, stuff: Any) -> Optional[list[Any]]:
         """The chief gets the list of every rank's ``stuff`` ordered by rank;

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import pickle
 from collections.abc import Iterable
+from time import monotonic
 from typing import Any, Callable, Optional
 
 from determined_launch.core.distributed.errors import DistributedError
@@ -47,6 +48,24 @@ def run_global(w: Wiring, stuff: Any, kind: int) -> Any:
     if member is None:  # pragma: no cover
         raise RuntimeError("no global link")
     return _as_member(w, member, op, stuff, payload, kind, w.layout.rank, _nothing)
+
+
+def allgather_global(w: Wiring, stuff: Any, kind: int) -> Any:
+    """``run_global`` for an allgather, with a member of a flat job going
+    straight to its fast path. Why a function of its own: with more ranks
+    than cores the members' CPU, not the chief's, bounds an allgather, and
+    each Python frame on a member's way there measurably costs (about 1 %
+    of the whole collective each at 8 ranks on 2 cores)."""
+    member = w.global_member
+    if member is None or w.hierarchical:
+        return run_global(w, stuff, kind)
+    payload = dumps(stuff)
+    w.global_ops += 1
+    timeout = w.timeout
+    deadline = None if timeout is None else monotonic() + timeout
+    return fused.member_allgather(
+        member, w.global_ops, stuff, payload, w.layout.rank, deadline, _nothing
+    )
 
 
 def run_local(w: Wiring, stuff: Any, kind: int) -> Any:

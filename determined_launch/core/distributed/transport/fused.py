@@ -55,6 +55,7 @@ _HEAD = wire.HEADER
 _MAGIC = wire.MAGIC
 _VERSION = wire.VERSION
 _AG = wire.AG
+_RESULT = wire.RESULT
 #: What a member's allgather gets back: the result, or (two ranks) the hub's part.
 _REPLY = (wire.RESULT, wire.PART)
 _same = hmac.compare_digest
@@ -92,12 +93,14 @@ def member_allgather(
         sent = -1
     if sent == len(data):
         scratch = ch._scratch
-        try:
-            n = conn.sock.recv_into(scratch)  # blocks for at most one slice (SO_RCVTIMEO)
-        except BlockingIOError:
-            n = -1
-        except OSError:
-            n = 0
+        n = -1  # nothing yet: the general wait checks liveness and the deadline
+        if ch._poll.poll(SLICE_MS):
+            try:
+                n = conn.sock.recv_into(scratch, 0, DONTWAIT)
+            except BlockingIOError:
+                pass
+            except OSError:
+                n = 0
         if n >= 64 and int.from_bytes(scratch[:8], "big") == n - 8 <= conn.limit:
             reply = bytes(scratch[8:n])  # exactly one whole frame: the usual case
             if (
@@ -108,7 +111,11 @@ def member_allgather(
                 _, _, rtype, sender, seq, rop = _HEAD.unpack_from(reply)
                 if sender == member.hub_rank and seq > member._last and rop == op:
                     member._last = seq
-                    return _result(rtype, memoryview(reply)[24:-32], stuff, own)
+                    got = _loads(memoryview(reply)[24:-32])
+                    if rtype == _RESULT and type(got) is list:
+                        got[own] = stuff  # _placed's usual case, inline
+                        return got
+                    return _placed(rtype, got, stuff, own)
             ch._queue(conn, [reply])
         elif n >= 0:
             ch._queue(conn, conn.take(scratch, n))
@@ -121,16 +128,24 @@ def member_allgather(
 
 def _result(rtype: int, reply: memoryview, stuff: Any, own: int) -> list[Any]:
     """The list a member's allgather returns, from the hub's authenticated reply."""
+    return _placed(rtype, _loads(reply), stuff, own)
+
+
+def _placed(rtype: int, got: Any, stuff: Any, own: int) -> list[Any]:
+    """``_result`` once the reply is unpickled."""
     if rtype == wire.PART:  # the two-rank exchange: the hub's part only
-        return [_loads(reply), stuff] if own else [stuff, _loads(reply)]
-    out = result_list(reply)
+        return [got, stuff] if own else [stuff, got]
+    out = _checked(got)
     out[own] = stuff
     return out
 
 
 def result_list(reply: wire.Buffer) -> list[Any]:
     """An authenticated allgather result: unpickled, and checked to be a list."""
-    out = _loads(reply)
+    return _checked(_loads(reply))
+
+
+def _checked(out: Any) -> list[Any]:
     if type(out) is not list:
         raise DistributedError(f"malformed result from an authenticated peer: {type(out)}")
     return out
