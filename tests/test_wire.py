@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -26,6 +27,17 @@ SKEY = wire.session_key(KEY, b"n" * 16)
 @given(st.binary(max_size=200), st.binary(max_size=3000))
 def test_mac_key_is_hmac_sha256(key: bytes, data: bytes) -> None:
     assert wire.MacKey(key).mac(data) == hmac.digest(key, data, "sha256")
+
+
+def test_mac_key_without_the_builtin_sha256_uses_openssls(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> None:
+        raise ImportError(name)
+
+    monkeypatch.setattr(wire.importlib, "import_module", missing)
+    fallback = wire._builtin_sha256()
+    assert fallback is hashlib.sha256
+    monkeypatch.setattr(wire, "_sha256", fallback)
+    assert wire.MacKey(b"k" * 32).mac(b"data") == hmac.digest(b"k" * 32, b"data", "sha256")
 
 
 @given(
