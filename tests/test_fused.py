@@ -331,6 +331,22 @@ def test_member_raises_on_abort(star: Star) -> None:
         _member_allgather(star, 1)
 
 
+def test_member_reports_the_hubs_timeout_verdict_not_its_own(star: Star) -> None:
+    """The hub's ABORT (naming the rank that never came) arrives after the
+    deadline, and after the member's first check of it (at the end of its
+    second 250 ms slice): the member reports the ABORT rather than its own
+    "the chief did not answer"."""
+    m1 = star.members[0]
+    body = links.error_body(DistributedError("no contribution from rank 2", [2]))
+    star.hub._seq += 1
+    abort = wire.encode(star.hub.skey, wire.ABORT, 0, star.hub._seq, 0, body)  # type: ignore[arg-type]
+    t = _later(0.55, star.raw_to_member, m1, abort)
+    with pytest.raises(DistributedError, match="no contribution from rank 2") as e:
+        _member_allgather(star, 1, timeout=0.3)
+    t.join()
+    assert e.value.missing_ranks == (2,)
+
+
 def test_member_reports_a_result_for_another_collective(star: Star) -> None:
     m1 = star.members[0]
     star.raw_to_member(m1, _hub_frame(star, wire.RESULT, 7, ["hub", None, "m2"]))

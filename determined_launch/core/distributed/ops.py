@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable
-from time import monotonic
 from typing import Any, Callable, Optional
 
 from determined_launch.core.distributed.errors import DistributedError
@@ -62,10 +61,8 @@ def allgather_global(w: Wiring, stuff: Any, kind: int) -> Any:
         return run_global(w, stuff, kind)
     payload = dumps(stuff, PICKLE)
     w.global_ops += 1
-    timeout = w.timeout
-    deadline = None if timeout is None else monotonic() + timeout
     return fused.member_allgather(
-        member, w.global_ops, stuff, payload, w.layout.rank, deadline, _nothing
+        member, w.global_ops, stuff, payload, w.layout.rank, w.deadline(), _nothing
     )
 
 

@@ -170,6 +170,7 @@ class DirectMemberChannel:
     def _lost(self, conn: Conn) -> None:
         if conn.alive:
             conn.alive = False
+            self._poll.unregister(conn.fd)
             conn.sock.close()
             self._down_since = time.monotonic()
 

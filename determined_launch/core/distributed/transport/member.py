@@ -26,6 +26,12 @@ from determined_launch.core.distributed.transport.links import (
     pack_hello,
 )
 
+#: A member gives up this long after the collective's deadline. The hub
+#: times out at the deadline itself and names the ranks that did not come;
+#: a member that timed out at the same instant could only name the hub, and
+#: whichever report won the race became the job's error.
+HUB_FIRST = 0.25
+
 
 class Member(Link):
     """One connection to a hub."""
@@ -155,7 +161,7 @@ class Member(Link):
                 idle()
                 now = time.monotonic()
                 self.idle_check(now)
-                if deadline_passed(deadline, now):
+                if deadline_passed(deadline, now - HUB_FIRST):
                     raise DistributedError(
                         f"timed out waiting for {what} from rank {self.hub_rank} ({self.role}) "
                         f"at {self.addr}",
