@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hmac
 import pickle
+import struct
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
@@ -52,6 +53,8 @@ _PREFIX = wire.MAGIC + bytes([wire.VERSION])
 if (LEN_SIZE, wire.HEADER_SIZE, wire.MAC_SIZE) != (8, 24, 32):  # pragma: no cover
     raise ImportError("fused.py's literal frame sizes no longer match wire.py")
 _HEAD = wire.HEADER
+#: The length prefix and the header, packed at once (the frame is 56 bytes + payload).
+_LHEAD = struct.Struct("!Q" + wire.HEADER.format.lstrip("!"))
 _MAGIC = wire.MAGIC
 _VERSION = wire.VERSION
 _AG = wire.AG
@@ -81,9 +84,10 @@ def member_allgather(
     if conn is None or not conn.alive or conn.out or conn.buf or ch._ready:
         return _result(*member.exchange(_AG, op, payload, _REPLY, deadline, idle), stuff, own)
     member._seq += 1
-    body = _HEAD.pack(_MAGIC, _VERSION, _AG, member.rank, member._seq, op) + payload
-    frame = body + skey.mac(body)
-    data = len(frame).to_bytes(8, "big") + frame
+    # Length prefix and header in one pack; the MAC covers what follows the prefix.
+    data = _LHEAD.pack(56 + len(payload), _MAGIC, _VERSION, _AG, member.rank, member._seq, op)
+    data += payload
+    data += skey.mac(memoryview(data)[8:])
     try:
         sent = conn.sock.send(data, DONTWAIT)
     except BlockingIOError:
@@ -102,7 +106,8 @@ def member_allgather(
             except OSError:
                 n = 0
         if n >= 64 and int.from_bytes(scratch[:8], "big") == n - 8 <= conn.limit:
-            reply = bytes(scratch[8:n])  # exactly one whole frame: the usual case
+            # Exactly one whole frame: the usual case, checked in place.
+            reply = scratch[8:n]
             if (
                 reply[3] in _REPLY
                 and reply[:3] == _PREFIX
@@ -111,12 +116,12 @@ def member_allgather(
                 _, _, rtype, sender, seq, rop = _HEAD.unpack_from(reply)
                 if sender == member.hub_rank and seq > member._last and rop == op:
                     member._last = seq
-                    got = _loads(memoryview(reply)[24:-32])
+                    got = _loads(reply[24:-32])
                     if rtype == _RESULT and type(got) is list:
                         got[own] = stuff  # _placed's usual case, inline
                         return got
                     return _placed(rtype, got, stuff, own)
-            ch._queue(conn, [reply])
+            ch._queue(conn, [bytes(reply)])  # a copy: the scratch buffer is reused
         elif n >= 0:
             ch._queue(conn, conn.take(scratch, n))
     elif sent >= 0:  # the socket buffer is full: finish the send as the general path does
