@@ -1,13 +1,15 @@
 """The usual case of a collective on the ``direct`` transport, in one
 function per end.
 
-Why this exists: with several ranks on a small machine, a collective is
-bound by the chief's CPU, and most of the chief's Python work was call
-overhead spread over the layers (``ops`` -> ``hub`` -> channel -> ``Conn``
--> ``wire``): about 25 functions per collective, each one's code and data
-touched cold again after every context switch. Fusing the usual case cut
-the chief's user CPU per 8-rank allgather from ~165 to ~90 us on this
-project's 2-core machine (benchmarks/RESULTS-distributed.md).
+Why this exists: with more ranks than cores, a collective is bound by the
+CPU of all its processes (at 8 ranks on 2 cores the members' together
+twice the chief's), and much of that was Python call overhead spread over
+the layers (``ops`` -> ``hub`` -> channel -> ``Conn`` -> ``wire``): about
+25 functions per collective on the chief, 10 on a member, each one's code
+and data touched cold again after every context switch. Fusing the usual
+case cut the chief's user CPU per 8-rank allgather from ~165 to ~90 us and
+a member's calls from 18 to 6 on this project's 2-core machine
+(benchmarks/RESULTS-distributed.md).
 
 The usual case is one whole frame per read, authenticated and expected.
 These functions check it exactly as the general path does (the MAC
