@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -19,6 +21,9 @@ import pytest
 
 from determined_launch.core import DistributedContext, DistributedError
 from determined_launch.core.distributed import DistributedConfigError, InsecureWarning
+from determined_launch.core.distributed.env import Layout
+from determined_launch.core.distributed.transport import wire
+from determined_launch.core.distributed.wiring import Wiring
 from tests._distributed_helpers import (
     SECRET,
     Job,
@@ -121,6 +126,37 @@ def test_close_is_idempotent_and_closed_context_refuses(ipc_dir: str) -> None:
     assert run_threads(1, 2, body, ipc_dir=ipc_dir) == [[0, 1], [0, 1]]
     left = os.listdir(ipc_dir)
     assert left and all(name.endswith(".lock") for name in left), left  # sockets removed
+
+
+def test_an_unpicklable_object_leaves_the_context_usable(ipc_dir: str) -> None:
+    """Pickling fails before this rank's op count moves, on the chief and
+    on a member alike: the user's error is raised, the job goes on."""
+
+    def body(ctx: DistributedContext) -> Any:
+        with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+            ctx.allgather(lambda: None)
+        return ctx.allgather(ctx.rank)
+
+    assert run_threads(1, 3, body, ipc_dir=ipc_dir) == [[0, 1, 2]] * 3
+
+
+def test_what_a_collectives_exception_means_for_the_job() -> None:
+    w = Wiring(
+        Layout(0, 2, 0, 2, 0, 1, "test"),
+        hierarchical=False,
+        chief_ip=None,
+        port=1,
+        timeout=None,
+        key=wire.job_key("x" * 16),
+        drops=wire.DropLog(logging.getLogger("test")),
+        ipc_dir=None,
+        transport="direct",
+    )
+    lost = DistributedError("lost rank 1", [1])
+    assert w.failed(lost) is lost
+    interrupted = w.failed(KeyboardInterrupt())
+    assert interrupted is not None and "interrupted by KeyboardInterrupt" in str(interrupted)
+    assert w.failed(TypeError("cannot pickle")) is None
 
 
 def test_forked_child_leaves_the_parents_sockets_alone(ipc_dir: str) -> None:

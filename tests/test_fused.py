@@ -412,3 +412,14 @@ def test_hub_send_names_a_member_that_is_gone(star: Star) -> None:
 def test_hub_send_of_a_frame_larger_than_a_chunk_goes_the_general_way(star: Star) -> None:
     big = b"y" * (300 * 1024)  # over stream.CHUNK: sent as two pieces
     assert _sent_to_both(star, big) == {1: big, 2: big}
+
+
+def test_member_drops_an_authentic_frame_of_another_protocol_version(star: Star) -> None:
+    """A peer with the job's key but another wire version: its MAC checks
+    out, its header does not, and the fast path must not take it."""
+    star.hub._seq += 1
+    body = wire.HEADER.pack(
+        wire.MAGIC, wire.VERSION + 1, wire.RESULT, 0, star.hub._seq, 1
+    ) + pickle.dumps(["other", None, "version"])
+    assert star.hub.skey is not None
+    _member_drops_then_takes(star, body + star.hub.skey.mac(body), 1)

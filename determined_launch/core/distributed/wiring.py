@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from determined_launch import envvars
 from determined_launch.core.distributed.env import Layout
-from determined_launch.core.distributed.errors import DistributedConfigError
+from determined_launch.core.distributed.errors import DistributedConfigError, DistributedError
 from determined_launch.core.distributed.transport import wire
 from determined_launch.core.distributed.transport.chan import LINGER_MS, BindError
 from determined_launch.core.distributed.transport.hub import Hub
@@ -296,6 +296,21 @@ class Wiring:
         return json.dumps({"local_hubs": table}).encode()
 
     # ------------------------------------------------------------ teardown
+    def failed(self, e: BaseException) -> Optional[DistributedError]:
+        """What a collective's exception means for this job: the failure
+        that ends it everywhere (reported to the hubs unless it came from
+        them), or None for an error that left the protocol intact (an
+        unpicklable object raises before this rank's op count moves)."""
+        if isinstance(e, DistributedError):
+            if not e.relayed:
+                for member in (self.global_member, self.local_member):
+                    if member is not None:
+                        member.report(e)
+            return e
+        if not isinstance(e, Exception):  # interrupted mid-protocol
+            return DistributedError(f"a collective was interrupted by {e!r}")
+        return None
+
     def close(self, pid: int) -> None:
         """Close sockets and remove socket files. A forked child (a data
         loader worker, say) leaves its parent's sockets and files alone."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from determined_launch.core.distributed.errors import DistributedError
 from determined_launch.core.distributed.transport import wire
@@ -56,6 +56,9 @@ class Member(Link):
         self._last = 0
         self._held: deque[wire.Message] = deque()
         self.addr = ""
+        #: ``fused.MemberIO``: what the allgather fast path binds once on the
+        #: direct transport; None until it does.
+        self.fast_io: Optional[tuple[Any, ...]] = None
 
     def connect(self, addr: str) -> None:
         self.addr = addr
