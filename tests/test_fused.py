@@ -182,6 +182,16 @@ def test_hub_never_credits_a_part_to_a_rank_its_connection_is_not(star: Star) ->
     _hub_drops_then_takes(star, as_rank_2, 1)
 
 
+def test_hub_drops_an_authentic_part_of_another_protocol_version(star: Star) -> None:
+    m1 = star.members[0]
+    m1._seq += 1
+    body = wire.HEADER.pack(wire.MAGIC, wire.VERSION + 1, wire.AG, 1, m1._seq, 1) + pickle.dumps(
+        "other version"
+    )
+    assert m1.skey is not None
+    _hub_drops_then_takes(star, body + m1.skey.mac(body), 1)
+
+
 def test_hub_never_takes_a_part_for_another_collective(star: Star) -> None:
     m1, m2 = star.members
     star.raw_to_hub(m1, star.part(m1, 2, "op 2"))

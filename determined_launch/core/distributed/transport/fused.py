@@ -213,69 +213,86 @@ def collect_into(
     ``index`` is None) as it arrives, so that the work overlaps the wait
     for later parts. Fast when the usual case holds, general otherwise."""
     missing = set(senders)
-
-    def unpickle(rank: int, part: memoryview) -> None:
-        out[rank if index is None else index(rank)] = _loads(part)
-
     ch = hub.ch
     skey = hub.skey
-    if type(ch) is not DirectHubChannel or skey is None or hub._inbox or ch._ready:
+    if type(ch) is DirectHubChannel and skey is not None and not hub._inbox and not ch._ready:
+        _collect_usual(hub, ch, skey, op, want, missing, out, index)
+    if missing:
+
+        def unpickle(rank: int, part: memoryview) -> None:
+            out[rank if index is None else index(rank)] = _loads(part)
+
         hub.collect(op, want, missing, deadline, probe_for, each=unpickle)
-        return
-    mac = skey.mac
+
+
+def _collect_usual(
+    hub: Hub,
+    ch: DirectHubChannel,
+    skey: wire.MacKey,
+    op: int,
+    want: int,
+    missing: set[int],
+    out: list[Any],
+    index: Optional[Callable[[int], int]],
+) -> None:
+    """``collect_into``'s usual case: whole, authentic, expected frames,
+    one per read. Returns at the first thing that is not (leaving it queued
+    in the channel for the general path) or when nothing is ``missing``."""
+    inner, outer = skey.copies()
     rank_of = hub._rank_of
     last = hub._last
     by_fd = ch._by_fd
     scratch = ch._scratch
     poll = ch._poll.poll
-    prefix, same, unpack, loads = _PREFIX, _same, _HEAD.unpack_from, _loads
+    unpack_len, unpack, same, loads = _LEN.unpack_from, _HEAD.unpack_from, _same, _loads
     while missing:
         events = poll(SLICE_MS)
         if not events:
-            break  # a quiet slice: the general path checks liveness and the deadline
+            return  # a quiet slice: the general path checks liveness and the deadline
         for fd, flags in events:
             conn = by_fd.get(fd)
             if conn is None or flags & POLL_OUT or conn.buf or conn.rid is None:
-                break  # the listener, a backlog or a half-read frame: the general path
+                return  # the listener, a backlog or a half-read frame: the general path
             try:
                 n = conn.sock.recv_into(scratch)
             except BlockingIOError:
                 continue
             except OSError:
                 n = 0
-            if n >= 64 and int.from_bytes(scratch[:8], "big") == n - 8 <= conn.limit:
-                frame = bytes(scratch[8:n])  # exactly one whole frame: the usual case
-                rank = rank_of.get(conn.rid, -1)
-                if (
-                    rank in missing
-                    and frame[3] == want
-                    and frame[:3] == prefix
-                    and same(mac(frame[:-32]), frame[-32:])
-                ):
-                    _, _, _, sender, seq, fop = unpack(frame)
-                    if sender == rank and seq > last[rank] and fop == op:
+            if n >= 64 and unpack_len(scratch)[0] == n - 8 <= conn.limit:
+                # Exactly one whole frame: the MAC before anything else in it.
+                frame = bytes(scratch[8:n])
+                h = inner()
+                h.update(frame[:-32])
+                tag = outer()
+                tag.update(h.digest())
+                if same(tag.digest(), frame[-32:]):
+                    magic, version, ftype, sender, seq, fop = unpack(frame)
+                    rank = rank_of.get(conn.rid, -1)
+                    if (
+                        sender == rank
+                        and rank in missing
+                        and ftype == want
+                        and seq > last[rank]
+                        and fop == op
+                        and magic == _MAGIC
+                        and version == _VERSION
+                    ):
                         last[rank] = seq
                         missing.discard(rank)
                         # Authenticated, and from the rank it names: only now unpickled.
-                        out[rank if index is None else index(rank)] = loads(
-                            memoryview(frame)[24:-32]
-                        )
+                        out[rank if index is None else index(rank)] = loads(frame[24:-32])
                         continue
                 ch._ready.append((conn.rid, frame))
-            else:
-                taken = conn.take(scratch, n)
-                if taken is None:
-                    ch._lost_or_bad(conn)
-                elif not taken:
-                    continue  # part of a frame, now buffered
-                else:
-                    ch._ready.extend((conn.rid, f) for f in taken)
-            break
-        else:
-            continue  # every event was the usual case
-        break  # something else: the general path takes over from here
-    if missing:
-        hub.collect(op, want, missing, deadline, probe_for, each=unpickle)
+                return
+            taken = conn.take(scratch, n)
+            if taken is None:
+                ch._lost_or_bad(conn)
+                return
+            if taken:
+                ch._ready.extend((conn.rid, f) for f in taken)
+                return
+            # else part of a frame, now buffered: the next poll goes on
 
 
 def send_to(
@@ -293,8 +310,20 @@ def send_to(
     if type(ch) is not DirectHubChannel:
         hub.send_to(ranks, mtype, op, payload, deadline)
         return
-    frame = hub.frame(mtype, op, payload)
-    data = len(frame).to_bytes(8, "big") + frame
+    skey = hub.skey
+    if skey is None:  # pragma: no cover - internal ordering error
+        raise RuntimeError("session frame before handshake")
+    inner, outer = skey.copies()
+    hub._seq += 1
+    # ``hub.frame`` inline, length prefix included: the MAC covers what follows it.
+    data = _LHEAD.pack(56 + len(payload), _MAGIC, _VERSION, mtype, hub.rank, hub._seq, op)
+    h = inner()
+    h.update(data[8:])
+    h.update(payload)
+    tag = outer()
+    tag.update(h.digest())
+    data += payload
+    data += tag.digest()
     size = len(data)
     rid_of = hub._rid
     conns = list(map(ch._by_rid.get, map(rid_of.__getitem__, ranks)))
@@ -318,4 +347,5 @@ def send_to(
         # From the connection the loop stopped at (after it, if it holds part of the frame).
         stop = conns.index(conn) + len(begun)
     rest_rids = list(map(rid_of.__getitem__, ranks[stop:]))
+    frame = data[8:]  # a copy, off the usual path: send_many frames it itself
     hub.check_sent(ch.send_many(rest_rids, frame, deadline, begun), mtype, deadline)
