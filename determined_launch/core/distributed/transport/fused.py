@@ -314,17 +314,11 @@ def send_to(
     skey = hub.skey
     if skey is None:  # pragma: no cover - internal ordering error
         raise RuntimeError("session frame before handshake")
-    inner, outer = skey.copies()
     hub._seq += 1
     # ``hub.frame`` inline, length prefix included: the MAC covers what follows it.
     data = _LHEAD.pack(56 + len(payload), _MAGIC, _VERSION, mtype, hub.rank, hub._seq, op)
-    h = inner()
-    h.update(data[8:])
-    h.update(payload)
-    tag = outer()
-    tag.update(h.digest())
     data += payload
-    data += tag.digest()
+    data += skey.mac(memoryview(data)[8:])
     size = len(data)
     rid_of = hub._rid
     conns = list(map(ch._by_rid.get, map(rid_of.__getitem__, ranks)))
