@@ -260,12 +260,20 @@ def readline(proc: subprocess.Popen[bytes], timeout: float = 10) -> bytes:
     return proc.stdout.readline() if ready else b""
 
 
+def _default_dispositions() -> None:
+    """A signal ignored at start stays ignored (by design; next test), so a
+    suite run under ``nohup`` (SIGHUP ignored) must not make this one fail."""
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def test_signals_are_forwarded_to_the_child() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "wrap_rank", "6", "--", sys.executable, "-c", TRAPPER, *FORWARDED],
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         env=_env(),
+        preexec_fn=_default_dispositions,
     )
     try:
         assert readline(proc) == b"[rank=6] ready\n"
