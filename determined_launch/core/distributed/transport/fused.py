@@ -50,7 +50,6 @@ from determined_launch.core.distributed.transport.stream import (
     Conn,
 )
 
-_PREFIX = wire.MAGIC + bytes([wire.VERSION])
 # The loops below use literal sizes (length prefix 8, header 24, MAC 32, so a
 # whole frame is at least 64 bytes with its prefix): they run for every message.
 if (LEN_SIZE, wire.HEADER_SIZE, wire.MAC_SIZE) != (8, 24, 32):  # pragma: no cover
@@ -311,14 +310,8 @@ def send_to(
     if type(ch) is not DirectHubChannel:
         hub.send_to(ranks, mtype, op, payload, deadline)
         return
-    skey = hub.skey
-    if skey is None:  # pragma: no cover - internal ordering error
-        raise RuntimeError("session frame before handshake")
-    hub._seq += 1
-    # ``hub.frame`` inline, length prefix included: the MAC covers what follows it.
-    data = _LHEAD.pack(56 + len(payload), _MAGIC, _VERSION, mtype, hub.rank, hub._seq, op)
-    data += payload
-    data += skey.mac(memoryview(data)[8:])
+    frame = hub.frame(mtype, op, payload)
+    data = len(frame).to_bytes(8, "big") + frame
     size = len(data)
     rid_of = hub._rid
     conns = list(map(ch._by_rid.get, map(rid_of.__getitem__, ranks)))
@@ -342,5 +335,4 @@ def send_to(
         # From the connection the loop stopped at (after it, if it holds part of the frame).
         stop = conns.index(conn) + len(begun)
     rest_rids = list(map(rid_of.__getitem__, ranks[stop:]))
-    frame = data[8:]  # a copy, off the usual path: send_many frames it itself
     hub.check_sent(ch.send_many(rest_rids, frame, deadline, begun), mtype, deadline)
