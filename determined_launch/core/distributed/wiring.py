@@ -295,7 +295,7 @@ class Wiring:
             )
         return json.dumps({"local_hubs": table}).encode()
 
-    # ------------------------------------------------------------ teardown
+    # ------------------------------------------------------------ failures
     def failed(self, e: BaseException) -> Optional[DistributedError]:
         """What a collective's exception means for this job: the failure
         that ends it everywhere (reported to the hubs unless it came from
@@ -311,6 +311,7 @@ class Wiring:
             return DistributedError(f"a collective was interrupted by {e!r}")
         return None
 
+    # ------------------------------------------------------------ teardown
     def close(self, pid: int) -> None:
         """Close sockets and remove socket files. A forked child (a data
         loader worker, say) leaves its parent's sockets and files alone."""
