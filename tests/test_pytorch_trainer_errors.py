@@ -173,6 +173,48 @@ def test_seed002_plain_init_build_trial_and_train(tmp_path: Path) -> None:
     assert len(batch_metrics(tmp_path)) == 4
 
 
+class Seed002Trial(pytorch.PyTorchTrial):
+    """Seed 002's example trial: no build_*_data_loader, the loaders go to train()."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        model = torch.nn.Linear(1, 1, bias=False)
+        model.weight.data.fill_(0.0)
+        self.model = context.wrap_model(model)
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.001))
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        data, labels = batch
+        loss = torch.nn.MSELoss()(self.model(data), labels)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        data, labels = batch
+        return {"val_loss": torch.nn.MSELoss()(self.model(data), labels)}
+
+
+def test_seed002_trial_without_data_loader_methods(tmp_path: Path) -> None:
+    ctx = pytorch.init(hparams=dict(HPARAMS), seed=1, run_dir=str(tmp_path / "run"),
+                       checkpoint_storage=str(tmp_path / "ckpt"))
+    try:
+        trial = ctx.build_trial(Seed002Trial)
+        assert isinstance(trial, Seed002Trial) and type(trial).__name__ == "Seed002Trial"
+        with pytest.raises(TypeError, match=r"no build_training_data_loader\(\): pass"):
+            pytorch.Trainer(trial, ctx).fit(max_length=det.Batches(1))
+        loader = pytorch.DataLoader(PairsDataset(16), batch_size=4)
+        metrics = ctx.train(trial, loader, loader, min_validation_period=det.Epochs(1),
+                            min_checkpoint_period=det.Epochs(1), max_length=det.Epochs(2))
+        assert metrics is not None and metrics["val_loss"] == pytest.approx(0.998 ** 16, abs=1e-6)
+        loaded = ctx.load_checkpoint_trial(Seed002Trial)  # restores without data too
+    finally:
+        ctx.close()
+    assert float(loaded.model.weight.data[0, 0]) == pytest.approx(1 - 0.998**8, abs=1e-6)
+    with pytest.raises(TypeError, match="build_validation_data_loader"):
+        Seed002Trial(ctx)  # abstract outside build_trial, as upstream
+
+
 def test_seed002_load_checkpoint_trial_and_predict(tmp_path: Path) -> None:
     with pytorch.init(hparams=dict(HPARAMS), seed=1, run_dir=str(tmp_path / "run"),
                       checkpoint_storage=str(tmp_path / "ckpt")) as ctx:

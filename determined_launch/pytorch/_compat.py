@@ -39,8 +39,12 @@ class _Seed002Mixin:
         return self.get_data_config()
 
     def build_trial(self, trial_cls: type[PyTorchTrial], *args: Any, **kwargs: Any) -> Any:
-        """``trial_cls(ctx, *args, **kwargs)``."""
-        return trial_cls(self, *args, **kwargs)  # type: ignore[arg-type]
+        """``trial_cls(ctx, *args, **kwargs)``; a class without the
+        ``build_*_data_loader`` methods is built too (its data are the loaders
+        given to ``train``)."""
+        from determined_launch.pytorch._trial import buildable_class
+
+        return buildable_class(trial_cls)(self, *args, **kwargs)
 
     #: Bound by ``_trainer`` and ``_load`` (the package imports both): they
     #: sit above the context, which must not import them.

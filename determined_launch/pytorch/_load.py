@@ -32,6 +32,7 @@ import torch
 from determined_launch.pytorch import _checkpoint_io as cio
 from determined_launch.pytorch._compat import _Seed002Mixin
 from determined_launch.pytorch._context import PyTorchTrialContext
+from determined_launch.pytorch._trial import buildable_class
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -244,7 +245,8 @@ def load_trial_from_checkpoint_path(
             )
         context = _legacy_context(config, hparams)
 
-    trial = trial_class(context, **(trial_kwargs or {}))
+    # a seed-002 trial (no build_*_data_loader) loads too: loading needs no data
+    trial = buildable_class(trial_class)(context, **(trial_kwargs or {}))
     checkpoint = cio.load_state(state_file, trusted=False, **load_kwargs)
     if not isinstance(checkpoint, Mapping):
         raise cio.CheckpointFormatError(f"{state_file} does not hold a state dict")
