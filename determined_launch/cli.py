@@ -7,6 +7,7 @@
     det-launch [--detector D] info
     det-launch checkpoints {list,gc} STORAGE [--remove]   (see storage_cli.py)
     det-launch experiment CONFIG.yaml [OPTIONS] [{torch,...} [OVERRIDES... --] SCRIPT...]
+    det-launch ui [PATH ...] [--host HOST] [--port PORT]   (the WebUI; see ui/cli.py)
 
 Launcher options come before the subcommand so they can never be confused
 with the backend's own flags that follow it.
@@ -98,6 +99,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from determined_launch import storage_cli
 
         return storage_cli.main(argv[1:])
+    if argv[:1] == ["ui"]:  # a reader beside the flow: its own parser, no cluster detection
+        from determined_launch.ui.cli import main as ui_main
+
+        return ui_main(argv[1:])
     parser = _parser()
     try:
         ns = parser.parse_args(argv)

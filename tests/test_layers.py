@@ -109,8 +109,21 @@ def test_only_the_cli_imports_the_experiment_layer() -> None:
         name = module_name(path)
         if name == top or name.startswith(top + ".") or name == f"{PKG}.cli":
             continue
+        if name.startswith(f"{PKG}.ui."):
+            continue  # the UI reads experiments' files and studies (a reader beside the flow)
         bad = sorted(i for i in imports_of(path) if i == top or i.startswith(top + "."))
         assert not bad, f"{name} imports {bad}, which sit above it"
     hparams = ROOT / PKG / "hparams.py"
     ours = {i for i in imports_of(hparams) if i.startswith(PKG)}
     assert ours <= {f"{PKG}.errors", f"{PKG}.errors.LaunchError"}, ours
+
+
+def test_only_the_cli_imports_the_ui() -> None:
+    # ui/ (det-launch ui) reads what the flow writes; nothing in the flow may depend on it.
+    top = f"{PKG}.ui"
+    for path in modules():
+        name = module_name(path)
+        if name == top or name.startswith(top + ".") or name == f"{PKG}.cli":
+            continue
+        bad = sorted(i for i in imports_of(path) if i == top or i.startswith(top + "."))
+        assert not bad, f"{name} imports {bad}, which sit above it"

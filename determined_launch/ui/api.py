@@ -1,0 +1,226 @@
+"""The JSON API's answers (``/api/v1/...``), computed from the files and studies.
+
+Each method returns plain JSON-able data, or None for "no such thing" (the
+server's 404). Nothing here writes: the UI is a reader beside the flow.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from determined_launch.ui import files, shape
+from determined_launch.ui.catalog import Catalog
+from determined_launch.ui.runs import RunReader
+from determined_launch.ui.study import Studies, StudyError
+
+#: a plain run that reported within this many seconds is shown as active
+ACTIVE = 60.0
+FINISHED = ("completed", "stopped (ASHA)", "failed", "invalid hparams")
+
+
+def _ts(dt: Any) -> Optional[float]:
+    return dt.timestamp() if dt is not None else None
+
+
+def _trial_state(t: Any) -> str:
+    from determined_launch.experiment import report
+
+    state = str(report.state_of(t))
+    if t.state.name == "RUNNING":
+        try:
+            from determined_launch.experiment.driver import ATTR_BEAT, ATTR_OWNER, owner_alive
+        except ImportError:  # pragma: no cover (the driver's names moved)
+            return state
+        owner = str(t.user_attrs.get(ATTR_OWNER, ""))
+        beat = float(t.user_attrs.get(ATTR_BEAT, 0) or 0)
+        if not owner or not owner_alive(owner, beat, time.time()):
+            return "paused"  # its worker stopped; rerunning the experiment resumes it
+    return state
+
+
+class Api:
+    def __init__(self, paths: Sequence[str], study_storage: Optional[str] = None) -> None:
+        self.catalog = Catalog(paths)
+        self.roots = self.catalog.roots
+        self.runs_reader = RunReader(self.roots)
+        self.studies = Studies(study_storage)
+
+    # -- experiments ---------------------------------------------------------------
+
+    def _record(self, exp_dir: str) -> dict[str, Any]:
+        return files.read_json(os.path.join(exp_dir, "experiment.json"), self.roots) or {}
+
+    def _study(self, exp_dir: str, record: dict[str, Any]) -> tuple[list[Any], Optional[str]]:
+        from determined_launch.experiment import report
+
+        try:
+            return report.visible(self.studies.trials(exp_dir, record)), None
+        except StudyError as e:
+            return [], str(e)
+
+    def experiments(self) -> list[dict[str, Any]]:
+        return [self._summary(name, path) for name, path in self.catalog.experiments().items()]
+
+    def experiment(self, name: str) -> Optional[dict[str, Any]]:
+        path = self.catalog.experiments().get(name)
+        return None if path is None else self._summary(name, path)
+
+    def _summary(self, name: str, exp_dir: str) -> dict[str, Any]:
+        record = self._record(exp_dir)
+        searcher = _section(record, "searcher")
+        smaller = bool(searcher.get("smaller_is_better", True))
+        trials, error = self._study(exp_dir, record)
+        rows = [self._row(exp_dir, t, smaller, light=True) for t in trials]
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        best = _best(rows, smaller)
+        starts = [r["start"] for r in rows if r["start"] is not None]
+        ends = [r["end"] for r in rows if r["end"] is not None]
+        state = _experiment_state(counts, int(searcher.get("max_trials") or 0), error)
+        end = time.time() if state == "running" else (max(ends) if ends else None)
+        start = min(starts) if starts else None
+        return shape.finite({
+            "name": name, "searcher": searcher.get("name"), "metric": searcher.get("metric"),
+            "smaller_is_better": smaller, "state": state, "num_trials": len(rows),
+            "trial_states": counts, "best_trial": best, "start": start, "end": end,
+            "duration": (end - start) if start is not None and end is not None else None,
+            "max_trials": searcher.get("max_trials"), "searcher_config": shape.redact(searcher),
+            "storage": shape.redact(record.get("storage")) or "journal file",
+            "path": exp_dir, "error": error})
+
+    def trials(self, name: str) -> Optional[list[dict[str, Any]]]:
+        exp_dir = self.catalog.experiments().get(name)
+        if exp_dir is None:
+            return None
+        record = self._record(exp_dir)
+        searcher = _section(record, "searcher")
+        smaller = bool(searcher.get("smaller_is_better", True))
+        trials, _ = self._study(exp_dir, record)
+        return [shape.finite(self._row(exp_dir, t, smaller)) for t in trials]
+
+    def curves(self, name: str) -> Optional[list[dict[str, Any]]]:
+        """The searcher metric against length for every trial (the study's reports)."""
+        exp_dir = self.catalog.experiments().get(name)
+        if exp_dir is None:
+            return None
+        trials, _ = self._study(exp_dir, self._record(exp_dir))
+        return [shape.finite({"trial_id": t.number + 1, "state": _trial_state(t),
+                              "points": sorted(t.intermediate_values.items())})
+                for t in trials]
+
+    def _row(self, exp_dir: str, t: Any, smaller: bool, light: bool = False) -> dict[str, Any]:
+        from determined_launch.experiment import report
+
+        values = t.intermediate_values
+        length = max(values) if values else None
+        row: dict[str, Any] = {
+            "trial_id": t.number + 1, "state": _trial_state(t),
+            "hparams": shape.redact(report.hparams_of(t)),
+            "best_value": report.best_value(t, smaller),
+            "latest_value": values[length] if length is not None else None,
+            "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
+            "error": shape.redact(t.user_attrs.get("det_error"))}
+        if not light:
+            run_dir = self.trial_dir_of(exp_dir, t.number + 1)
+            row["checkpoints"] = sum(1 for c in self.runs_reader.table(
+                run_dir, "checkpoints").records if c.get("storage_id"))
+            row["restarts"] = self.runs_reader.regressions(run_dir)
+        return row
+
+    def trial_dir_of(self, exp_dir: str, trial_id: int) -> str:
+        return os.path.join(exp_dir, "trials", str(int(trial_id)))
+
+    def trial_dir(self, name: str, trial_id: int) -> Optional[str]:
+        exp_dir = self.catalog.experiments().get(name)
+        if exp_dir is None:
+            return None
+        path = self.trial_dir_of(exp_dir, trial_id)
+        return path if files.confined(path, self.roots) and os.path.isdir(path) else None
+
+    def trial(self, name: str, trial_id: int) -> Optional[dict[str, Any]]:
+        """One trial's page: its row, all its hparams, exit and resume history."""
+        exp_dir = self.catalog.experiments().get(name)
+        run_dir = self.trial_dir(name, trial_id)
+        if exp_dir is None or run_dir is None:
+            return None
+        record = self._record(exp_dir)
+        searcher = _section(record, "searcher")
+        trials, error = self._study(exp_dir, record)
+        found = [t for t in trials if t.number + 1 == trial_id]
+        row = (self._row(exp_dir, found[0], bool(searcher.get("smaller_is_better", True)))
+               if found else {"trial_id": trial_id, "state": "unknown", "error": error})
+        info = files.read_json(os.path.join(run_dir, "cluster_info.json"), self.roots) or {}
+        block = _section(info, "trial")
+        out = {**self._run_details(run_dir), **row, "experiment": name,
+               "metric": searcher.get("metric"),
+               "smaller_is_better": searcher.get("smaller_is_better", True),
+               "hparams_all": shape.redact(block.get("hparams")),
+               "resumed_from": info.get("latest_checkpoint"), "trial_seed": block.get("trial_seed")}
+        return shape.finite(out)
+
+    def experiment_storage(self, name: str) -> list[str]:
+        exp_dir = self.catalog.experiments().get(name)
+        return [os.path.join(exp_dir, "checkpoints")] if exp_dir else []
+
+    # -- plain runs ----------------------------------------------------------------
+
+    def run_dir(self, name: str) -> Optional[str]:
+        return self.catalog.runs().get(name)
+
+    def runs(self) -> list[dict[str, Any]]:
+        out = []
+        for name, path in self.catalog.runs().items():
+            start, last = self.runs_reader.activity(path)
+            active = last is not None and time.time() - last < ACTIVE
+            out.append({"name": name, "path": path, "start": start, "last_update": last,
+                        "state": "active" if active else "idle",
+                        "steps_completed": self.runs_reader.last_step(path)})
+        return shape.finite(out)
+
+    def run(self, name: str) -> Optional[dict[str, Any]]:
+        path = self.run_dir(name)
+        if path is None:
+            return None
+        summary = [r for r in self.runs() if r["name"] == name]
+        return shape.finite({**(summary[0] if summary else {"name": name}),
+                             **self._run_details(path)})
+
+    def run_storage(self, name: str) -> list[str]:
+        path = self.run_dir(name)
+        return [os.path.join(os.path.dirname(path), "checkpoints")] if path else []
+
+    def _run_details(self, run_dir: str) -> dict[str, Any]:
+        r = self.runs_reader
+        return {**r.status(run_dir), "groups": r.groups(run_dir),
+                "launcher_events": r.launcher_events(run_dir),
+                "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
+
+
+def _section(record: dict[str, Any], key: str) -> dict[str, Any]:
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _best(rows: list[dict[str, Any]], smaller: bool) -> Optional[dict[str, Any]]:
+    scored = [r for r in rows if r["best_value"] is not None and r["state"] != "invalid hparams"]
+    if not scored:
+        return None
+    pick = (min if smaller else max)(scored, key=lambda r: r["best_value"])
+    return {"trial_id": pick["trial_id"], "value": pick["best_value"]}
+
+
+def _experiment_state(counts: dict[str, int], max_trials: int, error: Optional[str]) -> str:
+    if error:
+        return "unknown"
+    if counts.get("running"):
+        return "running"
+    done = sum(n for s, n in counts.items() if s in FINISHED and s != "invalid hparams")
+    if not counts:
+        return "pending"
+    if max_trials and done >= max_trials:
+        return "failed" if done == counts.get("failed", 0) else "completed"
+    return "stopped"

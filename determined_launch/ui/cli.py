@@ -1,0 +1,96 @@
+"""``det-launch ui [PATH ...] [--host HOST] [--port PORT] [--study-storage URL]``.
+
+Serves Determined's WebUI pages and a read-only JSON API over the experiment
+and run directories under PATH (default ``./det_experiments`` and
+``./det_runs``). The first line on stdout is exactly
+``det-launch ui: serving http://HOST:PORT/`` (plus ``?token=T`` off loopback),
+so scripts can read the address, also of ``--port 0``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+
+from determined_launch import config, values
+from determined_launch.config import Option
+from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
+
+DEFAULT_PATHS = ("det_experiments", "det_runs")
+
+
+def _study_storage() -> Option:
+    """The experiment's own option (experiment/cli.py): one flag, one variable."""
+    from determined_launch.experiment.cli import OPTIONS as EXPERIMENT
+
+    option = next(o for o in EXPERIMENT if o.name == "study_storage")
+    return Option(option.name, option.env, option.flag, option.parse, option.default,
+                  "the study storage URL of experiments whose database URL has a password "
+                  "(it is never written to the experiment directory)", metavar=option.metavar)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", "DET_UI_HOST", "--host", str, "127.0.0.1",
+           "address to listen on; off loopback a random token is required", metavar="HOST"),
+    Option("port", "DET_UI_PORT", "--port",
+           functools.partial(values.integer, minimum=0, maximum=65535), 8080,
+           "port to listen on (0: a free one)", metavar="PORT"),
+    _study_storage(),
+)
+
+
+def parser() -> UsageParser:
+    p = UsageParser(prog="det-launch ui",
+                    description="Determined's WebUI for experiments and runs off-cluster: "
+                                "pages and a read-only JSON API (/api/v1/) over the files.")
+    config.add_flags(p, OPTIONS)
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="an experiment directory, a run directory, or a directory to scan "
+                        f"(default: {' and '.join(DEFAULT_PATHS)})")
+    return p
+
+
+def _paths(given: Sequence[str]) -> list[str]:
+    for path in given:
+        if "://" in path:
+            raise LaunchError(f"PATH {path}: object storage URLs are not read yet; sync the "
+                              "files to a directory and give that")
+        if not os.path.isdir(path):
+            raise LaunchError(f"PATH {path}: no such directory")
+    return list(given) or [os.path.abspath(p) for p in DEFAULT_PATHS]
+
+
+def main(argv: Sequence[str]) -> int:
+    p = parser()
+    try:
+        ns = p.parse_args(list(argv))
+    except SystemExit as e:
+        return int(e.code or 0) and EXIT_USAGE
+    try:
+        opts = config.resolve(os.environ, {o.name: getattr(ns, o.name) for o in OPTIONS},
+                              OPTIONS)
+        paths = _paths(ns.paths)
+        from determined_launch.ui.api import Api
+        from determined_launch.ui.server import is_loopback, serve
+
+        host = str(opts["host"])
+        token = None if is_loopback(host) else secrets.token_urlsafe(24)
+        try:
+            server = serve(Api(paths, opts["study_storage"]), host, int(opts["port"]), token,
+                           lambda url: print(f"det-launch ui: serving {url}", flush=True))
+        except OSError as e:
+            raise LaunchError(f"cannot listen on {host}:{opts['port']}: "
+                              f"{e.strerror or e}") from None
+    except LaunchError as e:
+        print(f"det-launch ui: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_status
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,222 @@
+"""Reading run and experiment files: confined to the served trees, parsed once.
+
+Two rules every read follows:
+
+* **Confinement.** A path is opened only if its real path (symlinks
+  resolved) lies under the real path of one of the served roots; anything
+  else reads as missing, so a symlink out of the tree is a 404, never a leak.
+* **Parse once.** JSON-lines streams (``training.jsonl`` ...) only grow.
+  ``Streams`` keeps each file's parsed rows with the byte offset it reached
+  and reads only what was appended since; a file that shrank or was replaced
+  (another inode) is read again from the start. A million-point stream is
+  parsed once, then each poll costs a ``stat``. Rows are kept in columns of
+  C doubles (``array('d')``), about 8 bytes a number instead of a dict each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
+
+#: bytes parsed per read, so a huge file never sits in memory whole
+CHUNK = 8 << 20
+
+
+def confined(path: str, roots: Sequence[str]) -> Optional[str]:
+    """``path``'s real path if it lies under a root's real path, else None."""
+    real = os.path.realpath(path)
+    for root in roots:
+        base = os.path.realpath(root)
+        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+            return real
+    return None
+
+
+def read_text(path: str, roots: Sequence[str], limit: int = 1 << 20) -> Optional[str]:
+    """A small file's text (at most ``limit`` bytes), or None if missing or outside."""
+    real = confined(path, roots)
+    if real is None:
+        return None
+    try:
+        with open(real, "rb") as f:
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def read_json(path: str, roots: Sequence[str]) -> Optional[dict[str, Any]]:
+    text = read_text(path, roots)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None  # half-written by a crash, or not ours
+    return data if isinstance(data, dict) else None
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class Table:
+    """One JSON-lines stream in columns: ``steps``, ``times``, one column per
+    numeric metric (NaN where a row lacks it), and the rare non-numeric or
+    NaN values by row. ``records`` are the lines that are not metric reports
+    (``checkpoints.jsonl``), kept as they are: such streams are small."""
+
+    def __init__(self) -> None:
+        self.steps = array("d")
+        self.times = array("d")
+        self.columns: dict[str, array[float]] = {}
+        self.floats: set[str] = set()  # columns with a float value (others are sent as ints)
+        self.other: dict[int, dict[str, Any]] = {}
+        self.records: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def add(self, record: dict[str, Any]) -> None:
+        metrics = record.get("metrics")
+        if not isinstance(metrics, dict):
+            self.records.append(record)
+            return
+        row = len(self.steps)
+        steps = _number(record.get("steps_completed"))
+        self.steps.append(math.nan if steps is None else steps)
+        t = _number(record.get("time"))
+        self.times.append(math.nan if t is None else t)
+        for name, value in metrics.items():
+            num = _number(value)
+            if num is None or math.isnan(num):
+                self.other.setdefault(row, {})[str(name)] = value
+                continue
+            if not isinstance(value, int):
+                self.floats.add(name)
+            col = self.columns.get(name)
+            if col is None:
+                col = self.columns[name] = array("d", [math.nan]) * row
+            col.append(num)
+        for col in self.columns.values():
+            if len(col) <= row:
+                col.append(math.nan)
+
+    def row(self, i: int) -> dict[str, Any]:
+        metrics: dict[str, Any] = {k: col[i] if k in self.floats else int(col[i])
+                                   for k, col in self.columns.items() if not math.isnan(col[i])}
+        metrics.update(self.other.get(i, {}))
+        step = self.steps[i]
+        return {"steps_completed": None if math.isnan(step) else int(step),
+                "time": None if math.isnan(self.times[i]) else self.times[i],
+                "metrics": metrics}
+
+    def rows(self, indices: Optional[Sequence[int]] = None) -> Iterator[dict[str, Any]]:
+        for i in range(len(self.steps)) if indices is None else indices:
+            yield self.row(i)
+
+
+class _Entry:
+    def __init__(self) -> None:
+        self.key: tuple[int, int] = (-1, -1)  # (device, inode)
+        self.offset = 0
+        self.size = -1
+        self.mtime = -1
+        self.table = Table()
+        self.lock = threading.Lock()
+
+
+class Streams:
+    """Parsed JSON-lines files by path, each followed from where it was left."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str, roots: Sequence[str]) -> Table:
+        """The stream's rows so far (an empty table if missing or outside)."""
+        real = confined(path, roots)
+        if real is None:
+            return Table()
+        try:
+            st = os.stat(real)
+        except OSError:
+            return Table()
+        with self._lock:
+            entry = self._entries.setdefault(real, _Entry())
+        with entry.lock:
+            key = (st.st_dev, st.st_ino)
+            if key != entry.key or st.st_size < entry.offset:
+                entry.key, entry.offset, entry.table = key, 0, Table()  # replaced or truncated
+            elif st.st_size == entry.size and st.st_mtime_ns == entry.mtime:
+                return entry.table
+            self._follow(real, entry)
+            entry.size, entry.mtime = st.st_size, st.st_mtime_ns
+            return entry.table
+
+    @staticmethod
+    def _follow(path: str, entry: _Entry) -> None:
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return
+        with f:
+            f.seek(entry.offset)
+            while True:
+                chunk = f.read(CHUNK)
+                end = chunk.rfind(b"\n") + 1  # a line still being written waits for its newline
+                if end == 0:
+                    return
+                entry.offset += end
+                for line in chunk[:end].splitlines():
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue  # a torn line after a crash
+                    if isinstance(record, dict):
+                        entry.table.add(record)
+                if end < len(chunk):
+                    f.seek(entry.offset)
+
+
+def tail_bytes(path: str, roots: Sequence[str], offset: Optional[int],
+               limit: int) -> tuple[bytes, int]:
+    """Bytes of a growing text file from ``offset`` (None: its last ``limit``
+    bytes, from a line start), at most ``limit``; and the offset reached."""
+    real = confined(path, roots)
+    if real is None:
+        return b"", 0
+    try:
+        with open(real, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - limit) if offset is None else min(max(0, offset), size)
+            f.seek(start)
+            data = f.read(limit)
+    except OSError:
+        return b"", 0
+    if offset is None and start > 0:
+        cut = data.find(b"\n") + 1  # begin at a whole line
+        data, start = data[cut:], start + cut
+    end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+    return data[:end], start + end
+
+
+def dir_size(path: str, roots: Sequence[str]) -> Optional[int]:
+    """Bytes in a directory tree (symlinks not followed), or None if outside."""
+    real = confined(path, roots)
+    if real is None or not os.path.isdir(real):
+        return None
+    total = 0
+    for top, _dirs, files in os.walk(real):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                pass
+    return total

@@ -1,0 +1,179 @@
+"""What one run directory says: metrics, checkpoints, logs, status.
+
+A trial of an experiment is a run directory too (``<exp>/trials/<id>``), so
+these functions serve both ``/api/v1/runs/...`` and the trials' endpoints.
+Every file is opened through ``files`` (confined to the served roots).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from determined_launch.ui import files, shape
+
+#: streams that are not metric reports (core/_rundir.py and its writers)
+NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "task_sources"})
+GROUP = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+#: the launcher's own lines in a trial's output.log: its preemption and restart history
+LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]*: [^\n]*$", re.MULTILINE)
+LOG_LIMIT = 1 << 20
+RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
+
+
+class RunReader:
+    def __init__(self, roots: Sequence[str]) -> None:
+        self.roots = roots
+        self.streams = files.Streams()
+        self._sizes: dict[str, Optional[int]] = {}  # committed checkpoints never change
+        self._events: dict[str, tuple[tuple[int, int], list[str]]] = {}
+        self._lock = threading.Lock()
+
+    def table(self, run_dir: str, group: str) -> files.Table:
+        if not GROUP.match(group) or group.startswith("."):
+            return files.Table()
+        return self.streams.get(os.path.join(run_dir, f"{group}.jsonl"), self.roots)
+
+    def groups(self, run_dir: str) -> list[str]:
+        """Metric groups the run reported (training and validation first)."""
+        try:
+            names = os.listdir(run_dir)
+        except OSError:
+            return []
+        found = {n[:-6] for n in names if n.endswith(".jsonl")} - NOT_METRICS
+        return sorted(found, key=lambda g: ({"training": 0, "validation": 1}.get(g, 2), g))
+
+    def metrics(self, run_dir: str, group: str, max_points: Optional[int] = None,
+                since: int = 0) -> list[dict[str, Any]]:
+        """Every report of ``group`` in step order (as written), from row
+        ``since``; with ``max_points``, the rows that keep each metric's shape."""
+        table = self.table(run_dir, group)
+        if max_points is not None and len(table) > max_points:
+            rows: Sequence[int] = shape.downsample(table.columns, max_points)
+            return [shape.finite(r) for r in table.rows(rows)]
+        return [shape.finite(r) for r in table.rows(range(max(0, since), len(table)))]
+
+    def last_step(self, run_dir: str) -> Optional[int]:
+        steps = [t.steps[-1] for t in (self.table(run_dir, "training"),
+                                       self.table(run_dir, "validation")) if len(t)]
+        steps = [s for s in steps if s == s]
+        return int(max(steps)) if steps else None
+
+    def regressions(self, run_dir: str) -> int:
+        """Times the validation steps went back: reruns from an earlier checkpoint."""
+        steps = self.table(run_dir, "validation").steps
+        return sum(1 for a, b in zip(steps, steps[1:]) if b < a)
+
+    def checkpoints(self, run_dir: str, storage_dirs: Sequence[str]) -> list[dict[str, Any]]:
+        """Checkpoints the run committed (``checkpoints.jsonl``), newest last,
+        with those retention deleted marked, and one being written now."""
+        table = self.table(run_dir, "checkpoints")
+        out: dict[str, dict[str, Any]] = {}
+        for record in table.records:
+            sid = record.get("storage_id")
+            if isinstance(sid, str) and sid:
+                out[sid] = {"uuid": sid, "steps_completed": record.get("steps_completed"),
+                            "time": record.get("time"), "state": "COMPLETED"}
+            deleted = record.get("deleted")
+            if isinstance(deleted, str) and deleted in out:
+                out[deleted]["state"] = "DELETED"
+        latest = files.read_json(os.path.join(run_dir, "latest_checkpoint.json"), self.roots)
+        pending = latest.get("pending") if latest else None
+        if isinstance(pending, str) and pending and pending not in out:
+            out[pending] = {"uuid": pending, "steps_completed": None, "time": None,
+                            "state": "UNCOMMITTED"}
+        for entry in out.values():
+            entry.update(self._storage(entry["uuid"], storage_dirs))
+            if entry["state"] == "COMPLETED" and entry["storage"] and not entry["found"]:
+                entry["state"] = "DELETED"  # gone from the storage (gc, by hand)
+            del entry["found"]
+        return list(out.values())
+
+    def _storage(self, uuid: str, storage_dirs: Sequence[str]) -> dict[str, Any]:
+        if "/" in uuid or uuid.startswith("."):
+            return {"size": None, "storage": None, "found": False, "metadata": None}
+        for base in storage_dirs:
+            if not os.path.isdir(base):
+                continue
+            path = os.path.join(base, uuid)
+            meta = files.read_json(os.path.join(path, "metadata.json"), self.roots)
+            if meta is None:
+                return {"size": None, "storage": base, "found": False, "metadata": None}
+            with self._lock:
+                if path not in self._sizes:
+                    self._sizes[path] = files.dir_size(path, self.roots)
+                size = self._sizes[path]
+            return {"size": size, "storage": base, "found": True,
+                    "metadata": shape.redact(meta)}
+        return {"size": None, "storage": None, "found": False, "metadata": None}
+
+    def logs(self, run_dir: str, rank: Optional[int], offset: Optional[int],
+             limit: int = LOG_LIMIT) -> tuple[str, int]:
+        """The run's output (``output.log``) from ``offset`` (default: its
+        last ``limit`` bytes); with ``rank``, only that rank's lines."""
+        data, end = files.tail_bytes(os.path.join(run_dir, "output.log"), self.roots,
+                                     offset, limit)
+        if rank is not None:
+            keep = []
+            for line in data.splitlines(keepends=True):
+                m = RANK_PREFIX.match(line)
+                if m and int(m.group(1)) == rank:
+                    keep.append(line)
+            data = b"".join(keep)
+        return data.decode("utf-8", errors="replace"), end
+
+    def launcher_events(self, run_dir: str) -> list[str]:
+        """The launcher's own lines (preempted, restarted, failed) from the log."""
+        path = os.path.join(run_dir, "output.log")
+        real = files.confined(path, self.roots)
+        if real is None:
+            return []
+        try:
+            st = os.stat(real)
+        except OSError:
+            return []
+        key = (st.st_size, st.st_mtime_ns)
+        hit = self._events.get(real)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        data, _ = files.tail_bytes(real, self.roots, 0, 64 << 20)
+        events = [shape.redact(m.group(0).decode("utf-8", errors="replace"))
+                  for m in LAUNCHER_LINE.finditer(data)][-200:]
+        self._events[real] = (key, events)
+        return events
+
+    def status(self, run_dir: str) -> dict[str, Any]:
+        """The run's own notes: early exit, status, metadata, latest checkpoint."""
+        def read(name: str) -> Optional[dict[str, Any]]:
+            data = files.read_json(os.path.join(run_dir, name), self.roots)
+            return shape.redact(data) if data is not None else None
+
+        latest = read("latest_checkpoint.json") or {}
+        early = read("early_exit.json")
+        status = read("status.json")
+        meta = read("run_metadata.json")
+        return {"early_exit": early.get("reason") if early else None,
+                "status": status.get("status") if status else None,
+                "metadata": meta.get("metadata") if meta else None,
+                "latest_checkpoint": latest.get("storage_id"),
+                "hparams": latest.get("hparams")}
+
+    def activity(self, run_dir: str) -> tuple[Optional[float], Optional[float]]:
+        """First and last report times (start and last update)."""
+        first: list[float] = []
+        last: list[float] = []
+        for group in self.groups(run_dir):
+            times = self.table(run_dir, group).times
+            if len(times):
+                first.append(times[0])
+                last.append(times[-1])
+        try:
+            last.append(os.stat(os.path.join(run_dir, "output.log")).st_mtime)
+        except OSError:
+            pass
+        first = [t for t in first if t == t]
+        last = [t for t in last if t == t]
+        return (min(first) if first else None, max(last) if last else None)

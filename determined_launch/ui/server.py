@@ -1,0 +1,249 @@
+"""The HTTP side: routes, the token, caching headers; the standard library's
+``ThreadingHTTPServer`` (a handful of readers, no dependency to ship).
+
+Security (docs/ui.md): only GET and HEAD exist, so nothing changes data. Off
+loopback every request needs the server's random token (``?token=`` once,
+which sets an HttpOnly SameSite cookie, or ``Authorization: Bearer``):
+none is 401, a wrong one 403. On loopback the Host header must name
+loopback, so a web page elsewhere cannot reach the server by DNS rebinding.
+Names in URLs are looked up in the catalog, never joined into paths, and
+every file read is confined to the served trees (files.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.cookies
+import ipaddress
+import json
+import pathlib
+import socket
+import sys
+import urllib.parse
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Optional
+
+from determined_launch.ui.api import Api
+
+STATIC = pathlib.Path(__file__).parent / "static"
+#: every file the pages need, by URL name (nothing else under /static/ exists)
+ASSETS = {"app.js": "text/javascript", "app.css": "text/css", "app.html": "text/html"}
+PAGES = ("", "experiments", "runs", "compare")
+COOKIE = "det_ui_token"
+MAX_POINTS = 100_000
+HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+}
+
+
+class NotFound(Exception):
+    pass
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _int(query: dict[str, list[str]], name: str, lo: int, hi: int) -> Optional[int]:
+    raw = query.get(name, [None])[0]
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise NotFound from None
+    return max(lo, min(hi, value))
+
+
+class UiServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], api: Api, token: Optional[str]) -> None:
+        self.api = api
+        self.token = token
+        self.assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: UiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # a request log of every poll would drown the one line scripts read
+
+    # -- the gate ------------------------------------------------------------------
+
+    def _gate(self, query: dict[str, list[str]]) -> tuple[Optional[int], Optional[str]]:
+        """(error status or None, a cookie to set)."""
+        token = self.server.token
+        if token is None:
+            host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
+            return (None if is_loopback(host) else HTTPStatus.FORBIDDEN), None
+        given = query.get("token", [None])[0]
+        if given is not None:
+            if hmac.compare_digest(given.encode(), token.encode()):
+                return None, token
+            return HTTPStatus.FORBIDDEN, None
+        auth = self.headers.get("Authorization") or ""
+        if auth.startswith("Bearer "):
+            ok = hmac.compare_digest(auth[7:].strip().encode(), token.encode())
+            return (None if ok else HTTPStatus.FORBIDDEN), None
+        jar = http.cookies.SimpleCookie()
+        try:
+            jar.load(self.headers.get("Cookie") or "")
+        except http.cookies.CookieError:
+            return HTTPStatus.FORBIDDEN, None
+        if COOKIE in jar:
+            ok = hmac.compare_digest(jar[COOKIE].value.encode(), token.encode())
+            return (None if ok else HTTPStatus.FORBIDDEN), None
+        return HTTPStatus.UNAUTHORIZED, None
+
+    # -- methods -------------------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._serve(head=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve(head=True)
+
+    def _refuse(self) -> None:
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "read-only"}\n',
+                   "application/json", extra={"Allow": "GET, HEAD"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+    def _serve(self, head: bool) -> None:
+        raw_path, _, raw_query = self.path.partition("?")
+        query = urllib.parse.parse_qs(raw_query)
+        status, cookie = self._gate(query)
+        if status is not None:
+            self._send(status, json.dumps({"error": HTTPStatus(status).phrase}).encode(),
+                       "application/json",
+                       extra={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+            return
+        extra = {}
+        if cookie is not None:
+            extra["Set-Cookie"] = f"{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/"
+        try:
+            segments = [urllib.parse.unquote(s) for s in raw_path.split("/")[1:]]
+            if any(s in (".", "..") or "/" in s or "\\" in s or "\x00" in s for s in segments):
+                raise NotFound
+            if segments[:2] == ["api", "v1"]:
+                body, ctype, more = self._api(segments[2:], query)
+                extra.update(more)
+            elif segments[:1] == ["static"] and len(segments) == 2 and segments[1] in ASSETS:
+                body, ctype = self.server.assets[segments[1]], ASSETS[segments[1]]
+            elif segments[0] in PAGES:
+                body, ctype = self.server.assets["app.html"], "text/html"
+            else:
+                raise NotFound
+        except NotFound:
+            self._send(HTTPStatus.NOT_FOUND, b'{"error": "Not Found"}\n', "application/json",
+                       head=head)
+            return
+        except Exception as e:  # noqa: BLE001 (one line to the page and to stderr, no trace)
+            print(f"det-launch ui: {self.path.split('?')[0]}: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
+                       json.dumps({"error": type(e).__name__}).encode(), "application/json")
+            return
+        etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+        if self.headers.get("If-None-Match") == etag:
+            self._send(HTTPStatus.NOT_MODIFIED, b"", ctype, extra={**extra, "ETag": etag},
+                       head=True)
+            return
+        self._send(HTTPStatus.OK, body, ctype, extra={**extra, "ETag": etag}, head=head)
+
+    def _send(self, status: int, body: bytes, ctype: str, extra: Optional[dict[str, str]] = None,
+              head: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype + ("; charset=utf-8" if "json" in ctype or
+                                                  ctype.startswith("text") else ""))
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache")
+        for k, v in {**HEADERS, **(extra or {})}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head and status != HTTPStatus.NOT_MODIFIED:
+            self.wfile.write(body)
+
+    # -- the API -------------------------------------------------------------------
+
+    def _api(self, seg: list[str], query: dict[str, list[str]]
+             ) -> tuple[bytes, str, dict[str, str]]:
+        api = self.server.api
+        if seg == ["experiments"]:
+            return _json(api.experiments())
+        if seg == ["runs"]:
+            return _json(api.runs())
+        if len(seg) >= 2 and seg[0] == "experiments":
+            name = seg[1]
+            if len(seg) == 2:
+                return _json(_found(api.experiment(name)))
+            if seg[2:] == ["trials"]:
+                return _json(_found(api.trials(name)))
+            if seg[2:] == ["searcher_metric"]:
+                return _json(_found(api.curves(name)))
+            if len(seg) >= 4 and seg[2] == "trials" and seg[3].isdigit():
+                tid = int(seg[3])
+                if len(seg) == 4:
+                    return _json(_found(api.trial(name, tid)))
+                run_dir = _found(api.trial_dir(name, tid))
+                return self._run_part(seg[4:], run_dir, api.experiment_storage(name), query)
+        if len(seg) >= 2 and seg[0] == "runs":
+            run_dir = _found(api.run_dir(seg[1]))
+            if len(seg) == 2:
+                return _json(_found(api.run(seg[1])))
+            return self._run_part(seg[2:], run_dir, api.run_storage(seg[1]), query)
+        raise NotFound
+
+    def _run_part(self, seg: list[str], run_dir: str, storage: list[str],
+                  query: dict[str, list[str]]) -> tuple[bytes, str, dict[str, str]]:
+        reader = self.server.api.runs_reader
+        if seg == ["metrics"]:
+            group = query.get("group", ["training"])[0]
+            points = _int(query, "max_points", 2, MAX_POINTS)
+            since = _int(query, "since", 0, 1 << 62) or 0
+            return _json(reader.metrics(run_dir, group, points, since))
+        if seg == ["checkpoints"]:
+            return _json(reader.checkpoints(run_dir, storage))
+        if seg == ["logs"]:
+            rank = _int(query, "rank", 0, 1 << 20)
+            offset = _int(query, "offset", 0, 1 << 62)
+            text, end = reader.logs(run_dir, rank, offset)
+            return text.encode(), "text/plain", {"X-Log-Offset": str(end)}
+        raise NotFound
+
+
+def _found(value: Any) -> Any:
+    if value is None:
+        raise NotFound
+    return value
+
+
+def _json(value: Any) -> tuple[bytes, str, dict[str, str]]:
+    return json.dumps(value, separators=(",", ":")).encode(), "application/json", {}
+
+
+def serve(api: Api, host: str, port: int, token: Optional[str],
+          announce: Callable[[str], None]) -> UiServer:
+    """Bind (``OSError`` if the address is taken) and announce the URL."""
+    server = UiServer((host, port), api, token)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{server.server_address[1]}/"
+    announce(url + (f"?token={token}" if token else ""))
+    return server

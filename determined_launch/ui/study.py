@@ -1,0 +1,91 @@
+"""An experiment's trials from its Optuna study (the experiment's one truth).
+
+The study says what files cannot: each trial's state (completed, stopped by
+ASHA, invalid, failed, running or abandoned), its searched hyperparameters
+and the searcher metric at each length. One storage object is kept per
+experiment: a journal storage replays only what was appended since the last
+read, so polling a 10,000-trial study costs what changed.
+
+The study's URL comes from ``experiment.json``; a database whose URL had a
+password is opened only with ``--study-storage`` (the password is never
+written to the directory), and its URL is never shown.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Optional
+
+from determined_launch.errors import LaunchError
+
+#: seconds a study read is reused (many tabs polling one experiment share it)
+TTL = 0.5
+
+
+class StudyError(Exception):
+    """The study cannot be read; the message is shown in place of the trials."""
+
+
+class Studies:
+    def __init__(self, storage_url: Optional[str]) -> None:
+        self.url = storage_url
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[threading.Lock, list[Any]]] = {}
+        self._cache: dict[str, tuple[float, list[Any]]] = {}
+
+    def _url(self, exp_dir: str, record: dict[str, Any]) -> Optional[str]:
+        from determined_launch.experiment import searchers as se
+
+        stored = record.get("storage")
+        if not stored:
+            return None  # the journal in the experiment directory
+        if record.get("storage_has_password"):
+            if self.url and se.storage_label(self.url) == stored:
+                return self.url
+            raise StudyError(f"the study is in {stored}; give its URL with --study-storage "
+                             "(the password is never written to the experiment directory)")
+        return str(stored)
+
+    def trials(self, exp_dir: str, record: dict[str, Any]) -> list[Any]:
+        """The study's trials (Optuna's FrozenTrial), [] before it has any."""
+        with self._lock:
+            lock, slot = self._open.setdefault(exp_dir, (threading.Lock(), []))
+        with lock:
+            hit = self._cache.get(exp_dir)
+            if hit is not None and time.monotonic() - hit[0] < TTL:
+                return hit[1]
+            if not slot:
+                opened = self._load(exp_dir, record)
+                if opened is None:
+                    return []
+                slot.append(opened)
+            storage, study_id = slot[0]
+            trials = list(storage.get_all_trials(study_id, deepcopy=False))
+            self._cache[exp_dir] = (time.monotonic(), trials)
+            return trials
+
+    def _load(self, exp_dir: str, record: dict[str, Any]) -> Optional[tuple[Any, int]]:
+        try:
+            from determined_launch.experiment import searchers as se
+
+            se.require_optuna()
+        except LaunchError:
+            raise StudyError("reading the study needs Optuna: pip install "
+                             "'determined_launch[search]'") from None
+        url = self._url(exp_dir, record)
+        journal = os.path.join(exp_dir, "study.journal")
+        if url is None and not os.path.isfile(journal):
+            return None  # opening would create it: the UI never writes
+        try:
+            storage = se.open_storage(url, journal)
+            study_id = storage.get_study_id_from_name(str(record.get("name", "")))
+        except LaunchError as e:
+            raise StudyError(str(e)) from None
+        except KeyError:
+            return None  # the study is not created yet
+        except Exception as e:  # noqa: BLE001 (the storage's own errors, shown in one line)
+            raise StudyError(f"study storage: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        return storage, study_id
