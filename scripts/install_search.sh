@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-"$PY" -m pip install -q "optuna>=4,<5" "matplotlib>=3.7" "psycopg[binary]>=3.1"
+"$PY" -m pip install -q "optuna>=4.9,<5" "matplotlib>=3.7" "psycopg[binary]>=3.1"
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   if ! dpkg -s postgresql >/dev/null 2>&1; then
     apt-get update -qq

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch import hparams as hp
 from determined_launch.errors import LaunchError
+from determined_launch.experiment import journal
 from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
 
 if TYPE_CHECKING:
@@ -272,11 +273,14 @@ def open_storage(url: Optional[str], default_journal: str) -> Any:
     optuna = require_optuna()
     if not url or "://" not in url:
         path = url or default_journal
-        try:
-            backend = optuna.storages.journal.JournalFileBackend(path)
+        try:  # opening replays the whole journal: its errors are the user's too
+            return optuna.storages.JournalStorage(journal.backend(optuna, path))
         except OSError as e:
             raise LaunchError(f"study storage {path}: {e.strerror or e}") from None
-        return optuna.storages.JournalStorage(backend)
+        except (ValueError, KeyError, TypeError, AssertionError) as e:
+            # Optuna asserts on an op code it does not know (a newer Optuna's journal)
+            raise LaunchError(f"study storage {path}: not an Optuna {optuna.__version__} "
+                              f"journal ({type(e).__name__}: {e})") from None
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url),
                                           heartbeat_interval=None)
