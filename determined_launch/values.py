@@ -108,3 +108,34 @@ def yaml_document(text: str, where: str, install: str = "pip install pyyaml") ->
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"{where}: invalid YAML{at}: {problem}") from None
+
+
+def plain(value: Any) -> str:
+    """A value as a person reads it: numpy and torch scalars as the plain number
+    (``0.5``, not ``np.float64(0.5)``), floats to 6 significant digits, arrays
+    as their shape, long values cut. numpy is never imported here: a value can
+    only be a numpy one when numpy is already loaded."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 0) == 0 and not isinstance(value, (int, float)):
+        try:
+            value = item()
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    elif isinstance(value, (int, float)) and type(value) not in (int, float, bool):
+        value = float(value) if isinstance(value, float) else int(value)  # np.float64 -> float
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    if isinstance(value, int):
+        return str(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"<{type(value).__name__} shape={tuple(shape)}>"
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def plain_metrics(metrics: Any) -> str:
+    """``loss=0.743319 acc=0.9``: a metrics dict for a log line."""
+    return " ".join(f"{k}={plain(v)}" for k, v in dict(metrics).items())

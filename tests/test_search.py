@@ -258,6 +258,24 @@ def test_entrypoint_and_max_restarts(tmp_path: Path) -> None:
     assert "trial 1: completed, loss=0.25" in r.stdout
 
 
+def test_a_trials_metric_is_its_best_validation_everywhere(tmp_path: Path) -> None:
+    """Determined's searcher metric of a trial is its best validation value: here
+    larger is better and the loss falls (0.5, 0.25, 0.167), so it is the first
+    report, in the completion line, the table and best_trial.json alike (the
+    study was told the last one)."""
+    cfg = write_config(tmp_path, {"x": 0.7, "layers": 2, "period": 2},
+                       {"name": "single", "metric": "loss", "smaller_is_better": False,
+                        "max_length": {"batches": 6}})
+    r = experiment(cfg, *EXEC)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trial 1: completed, loss=0.5" in r.stdout, r.stdout
+    table = [line.split() for line in r.stdout.splitlines() if line.startswith(("trial ", "1 "))]
+    assert table[-2][:5] == ["trial", "state", "best", "loss", "(max)"], r.stdout
+    assert table[-1][:4] == ["1", "completed", "0.5", "6"], r.stdout
+    best = json.loads((tmp_path / "exp" / "best_trial.json").read_text())
+    assert best["value"] == 0.5
+
+
 @pytest.mark.skipif(not hasattr(__import__("determined_launch.core").core, "EarlyExitReason"),
                     reason="needs core's report_early_exit (issue 15 item 6, branch compat)")
 def test_invalid_hp_ends_the_trial_not_the_experiment(tmp_path: Path) -> None:

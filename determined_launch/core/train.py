@@ -12,6 +12,7 @@ from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
 from determined_launch.core._train_local import LocalTrainCalls
 from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
+from determined_launch.values import plain_metrics
 
 logger = logging.getLogger("determined_launch.core")
 
@@ -97,7 +98,7 @@ class TrainContext(LocalTrainCalls):
         require_chief(self._dist, method)
         if not isinstance(metrics, Mapping):
             raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
-        logger.info("%s: steps_completed=%s, metrics=%s", method, steps_completed, metrics)
+        logger.info("%s: steps_completed=%s, %s", method, steps_completed, plain_metrics(metrics))
         record: dict[str, Any] = {"steps_completed": steps_completed, "metrics": dict(metrics)}
         if batch_metrics is not None:
             record["batch_metrics"] = [dict(m) for m in batch_metrics]

@@ -8,14 +8,16 @@ other machines look the same (``det-launch experiment --status DIR``).
 from __future__ import annotations
 
 import json
-import math
+import os
 import pathlib
 import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.trial import latest_checkpoint, write_private
+from determined_launch.experiment.trial import latest_checkpoint, trial_metric, write_private
+from determined_launch.values import plain
 
 STATES = {"COMPLETE": "completed", "PRUNED": "stopped (ASHA)", "RUNNING": "running",
           "WAITING": "waiting", "FAIL": "failed"}
@@ -37,28 +39,75 @@ def hparams_of(t: Any) -> dict[str, Any]:
 
 
 def best_value(t: Any, smaller: bool) -> Optional[float]:
-    values = [v for v in t.intermediate_values.values() if not math.isnan(v)]
-    if t.value is not None:
+    """The trial's searcher metric (``trial.trial_metric``): its best
+    reported validation value, or what the study was told when it has no
+    reports (a trial recorded by an older version)."""
+    values = list(t.intermediate_values.values())
+    if not values and t.value is not None:
         values.append(t.value)
-    if not values:
-        return None
-    return min(values) if smaller else max(values)
+    return trial_metric(values, smaller)
 
 
-def rows(trials: Sequence[Any], smaller: bool) -> list[list[str]]:
+def metric_header(metric: str, smaller: bool) -> str:
+    """The best column's name says which value it is: ``best loss (min)``."""
+    return f"best {metric} ({'min' if smaller else 'max'})"
+
+
+def progress_of(run_dir: Optional[pathlib.Path]) -> str:
+    """How far a trial got, from its run directory: the newest
+    ``steps_completed`` of a training or validation report (batches, for the
+    PyTorch API) and the searcher progress when the script reports one.
+    Only each file's last line is read, so a long run costs the same."""
+    if run_dir is None:
+        return "-"
+    steps = [_last_record(run_dir / f"{g}.jsonl").get("steps_completed")
+             for g in ("training", "validation")]
+    done = max((s for s in steps if isinstance(s, int) and not isinstance(s, bool)),
+               default=None)
+    progress = _last_record(run_dir / "progress.jsonl").get("progress")
+    text = "-" if done is None else str(done)
+    if isinstance(progress, (int, float)) and 0 <= progress <= 1:
+        text += f" ({progress:.0%})"
+    return text
+
+
+def _last_record(path: pathlib.Path, tail: int = 8192) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail))
+            chunk = f.read()
+    except OSError:
+        return {}
+    for line in reversed(chunk.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line still being written, or cut by the tail
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def rows(trials: Sequence[Any], smaller: bool,
+         exp_dir: Optional[pathlib.Path] = None) -> list[list[str]]:
     out = []
     for t in visible(trials):
         best = best_value(t, smaller)
-        length = max(t.intermediate_values) if t.intermediate_values else 0
+        run_dir = None if exp_dir is None else exp_dir / "trials" / str(t.number + 1)
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(hparams_of(t).items()))
-        out.append([str(t.number + 1), state_of(t), "-" if best is None else f"{best:.6g}",
-                    str(length), params])
+        out.append([str(t.number + 1), state_of(t), "-" if best is None else plain(best),
+                    progress_of(run_dir), params])
     return out
 
 
-def render_table(trials: Sequence[Any], metric: str, smaller: bool) -> str:
-    header = ["trial", "state", f"best {metric}", "length", "hparams"]
-    body = rows(trials, smaller)
+def render_table(trials: Sequence[Any], metric: str, smaller: bool,
+                 exp_dir: Optional[pathlib.Path] = None) -> str:
+    """One row per trial; ``steps`` is the newest reported ``steps_completed``
+    (with the searcher progress when there is one), known before the first
+    validation."""
+    header = ["trial", "state", metric_header(metric, smaller), "steps", "hparams"]
+    body = rows(trials, smaller, exp_dir)
     width = shutil.get_terminal_size((120, 20)).columns
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(4)]
     lines = []
@@ -69,10 +118,12 @@ def render_table(trials: Sequence[Any], metric: str, smaller: bool) -> str:
 
 
 def best_trial(trials: Sequence[Any], smaller: bool) -> Optional[Any]:
-    done = [t for t in visible(trials) if t.state.name == "COMPLETE" and t.value is not None]
+    """The completed trial with the best metric (``best_value``)."""
+    done = [(v, t) for t in visible(trials) if t.state.name == "COMPLETE"
+            for v in [best_value(t, smaller)] if v is not None]
     if not done:
         return None
-    return (min if smaller else max)(done, key=lambda t: t.value)
+    return (min if smaller else max)(done, key=lambda vt: vt[0])[1]
 
 
 def best_record(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str,
@@ -82,8 +133,8 @@ def best_record(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str,
         return None
     run_dir = exp_dir / "trials" / str(t.number + 1)
     return {"trial_id": t.number + 1, "hparams": _trial_hparams(run_dir, t),
-            "metric": metric, "value": t.value, "checkpoint": latest_checkpoint(run_dir),
-            "run_dir": str(run_dir)}
+            "metric": metric, "value": best_value(t, smaller),
+            "checkpoint": latest_checkpoint(run_dir), "run_dir": str(run_dir)}
 
 
 def _trial_hparams(run_dir: pathlib.Path, t: Any) -> dict[str, Any]:
@@ -100,35 +151,65 @@ def write_best(record: dict[str, Any], exp_dir: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def plot(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str) -> Optional[pathlib.Path]:
-    """``searcher_metric.png``: the metric against length, one line per trial.
-    Without matplotlib (the ``[search]`` extra) there is no plot, and one
-    line says so."""
-    try:  # the object API, not pyplot: no GUI backend, a second less to import
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+def plot(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str,
+         smaller: bool = True) -> Optional[pathlib.Path]:
+    """``searcher_metric.png`` (``_figure``). No reported values, no file, and
+    one line says so; without matplotlib (the ``[search]`` extra) too."""
+    if not any(t.intermediate_values for t in visible(trials)):
+        print(f"det-launch experiment: no plot: no trial reported {metric!r}")
+        return None
+    try:
+        fig = _figure(trials, metric, smaller)
     except ImportError:
-        print("det-launch: no plot: matplotlib is not installed "
+        print("det-launch experiment: no plot: matplotlib is not installed "
               "(pip install 'determined_launch[search]')")
         return None
-    fig = Figure(figsize=(8, 5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for t in visible(trials):
-        if not t.intermediate_values:
-            continue
-        steps = sorted(t.intermediate_values)
-        ax.plot(steps, [t.intermediate_values[s] for s in steps], marker=".",
-                label=f"trial {t.number + 1}" if len(trials) <= 12 else None)
-    ax.set_xlabel("length")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} by trial")
-    if len(trials) <= 12:
-        ax.legend(fontsize="small")
     path = exp_dir / "searcher_metric.png"
-    fig.savefig(path, dpi=80)
+    fd, tmp = tempfile.mkstemp(dir=exp_dir, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:  # a crash mid-write leaves no half PNG under the name
+        fig.savefig(f, format="png", dpi=80)
+    os.replace(tmp, path)
     return path
 
 
+def _figure(trials: Sequence[Any], metric: str, smaller: bool) -> Any:
+    """The metric against length, one line per trial with its number at its
+    end and in the legend, colours distinct up to 20 trials, the best trial
+    (``best_trial``) thick, black and named in the title."""
+    # the object API, not pyplot: no GUI backend, a second less to import
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    drawn = [t for t in visible(trials) if t.intermediate_values]
+    best = best_trial(trials, smaller)
+    many = len(drawn) > 20  # beyond tab20's colours a continuous map; the numbers tell apart
+    cmap = colormaps["turbo" if many else "tab20"]
+    fig = Figure(figsize=(9, 5.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for i, t in enumerate(drawn):
+        steps = sorted(t.intermediate_values)
+        values = [t.intermediate_values[s] for s in steps]
+        is_best = best is not None and t.number == best.number
+        colour = "black" if is_best else cmap(i / (len(drawn) - 1) if many else i)
+        ax.plot(steps, values, marker=".", color=colour, linewidth=3 if is_best else 1,
+                zorder=3 if is_best else 2,
+                label=f"trial {t.number + 1}" + (" (best)" if is_best else ""))
+        ax.annotate(str(t.number + 1), (steps[-1], values[-1]), xytext=(3, 0),
+                    textcoords="offset points", fontsize="small", va="center",
+                    fontweight="bold" if is_best else "normal")
+    title = f"{metric} by trial"
+    if best is not None:
+        title += f"; best: trial {best.number + 1}, {metric}={plain(best_value(best, smaller))}"
+    ax.set_xlabel("length")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.legend(fontsize="x-small", ncol=1 + len(drawn) // 24, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    return fig
+
+
 def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return f"{v:.4g}" if isinstance(v, float) else plain(v)

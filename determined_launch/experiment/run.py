@@ -25,6 +25,7 @@ from determined_launch.experiment.command import (
 from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
 from determined_launch.experiment.trial import private_dir, write_private
 from determined_launch.launcher import LauncherOptions, detection_env
+from determined_launch.values import plain
 
 
 def _checkpoint_storage(conf: expconf.ExperimentConfig, exp_dir: pathlib.Path) -> str:
@@ -45,8 +46,10 @@ class _Live:
     """One line per event; on a terminal also the trial table below them,
     redrawn at most once a second."""
 
-    def __init__(self, driver: Optional[Driver], metric: str, smaller: bool) -> None:
+    def __init__(self, driver: Optional[Driver], metric: str, smaller: bool,
+                 exp_dir: Optional[pathlib.Path] = None) -> None:
         self.driver = driver
+        self.exp_dir = exp_dir
         self.metric = metric
         self.smaller = smaller
         self.tty = sys.stdout.isatty()
@@ -67,7 +70,8 @@ class _Live:
         if not force and time.monotonic() - self._last < 1.0:
             return
         self._last = time.monotonic()
-        table = report.render_table(self.driver._trials(), self.metric, self.smaller)
+        table = report.render_table(self.driver._trials(), self.metric, self.smaller,
+                                    self.exp_dir)
         sys.stdout.write(f"\x1b[{self._lines}F\x1b[J" if self._lines else "")
         sys.stdout.write(table + "\n")
         sys.stdout.flush()
@@ -104,7 +108,7 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
         print(f"det-launch experiment: ignoring Determined-only fields: "
               f"{', '.join(conf.ignored)}", file=sys.stderr)
     write_experiment_file(exp_dir, conf, opts["study_storage"])
-    live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better)
+    live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better, exp_dir)
     for var in trial_identity_env():
         os.environ.pop(var, None)  # each trial's identity comes from its cluster info file
     setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
@@ -136,8 +140,8 @@ def _final(trials: Sequence[Any], exp_dir: pathlib.Path, conf: expconf.Experimen
            worker: bool) -> None:
     s = conf.searcher
     if sys.stdout.isatty() is False:
-        print(report.render_table(trials, s.metric, s.smaller_is_better), flush=True)
-    plot = report.plot(trials, exp_dir, s.metric)
+        print(report.render_table(trials, s.metric, s.smaller_is_better, exp_dir), flush=True)
+    plot = report.plot(trials, exp_dir, s.metric, s.smaller_is_better)
     if plot is not None:
         print(f"det-launch experiment: plot {plot}")
     best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
@@ -145,7 +149,8 @@ def _final(trials: Sequence[Any], exp_dir: pathlib.Path, conf: expconf.Experimen
         print("det-launch experiment: no completed trial yet")
         return
     path = report.write_best(best, exp_dir)
-    print(f"det-launch experiment: best trial {best['trial_id']}: {s.metric}={best['value']:g} "
+    print(f"det-launch experiment: best trial {best['trial_id']}: {s.metric}="
+          f"{plain(best['value'])} "
           f"hparams {json.dumps(best['hparams'], sort_keys=True)} checkpoint "
           f"{best['checkpoint']} ({path})", flush=True)
 
@@ -171,13 +176,13 @@ def status(exp_dir: pathlib.Path, storage_url: Optional[str]) -> int:
     trials = study.get_trials(deepcopy=False)
     s = expconf.SearcherConfig(**{**record["searcher"],
                                   "bracket_rungs": tuple(record["searcher"]["bracket_rungs"])})
-    print(report.render_table(trials, s.metric, s.smaller_is_better))
+    print(report.render_table(trials, s.metric, s.smaller_is_better, exp_dir))
     counts: dict[str, int] = {}
     for t in report.visible(trials):
         counts[report.state_of(t)] = counts.get(report.state_of(t), 0) + 1
     print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no trials yet")
     best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
     if best is not None:
-        print(f"best trial {best['trial_id']}: {s.metric}={best['value']:g} hparams "
+        print(f"best trial {best['trial_id']}: {s.metric}={plain(best['value'])} hparams "
               f"{json.dumps(best['hparams'], sort_keys=True)} checkpoint {best['checkpoint']}")
     return 0

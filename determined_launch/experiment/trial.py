@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import signal
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Optional
 
 from determined_launch import envvars
@@ -73,6 +74,16 @@ def latest_checkpoint(run_dir: pathlib.Path) -> Optional[str]:
         return None
     sid = data.get("storage_id") if isinstance(data, dict) else None
     return sid if isinstance(sid, str) and sid else None
+
+
+def trial_metric(values: Iterable[float], smaller_is_better: bool) -> Optional[float]:
+    """A trial's searcher metric, Determined's definition: the best of its
+    validation values by ``smaller_is_better`` (NaN never counts). The table,
+    the completion lines, ``best_trial.json`` and the study all use this."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return None
+    return min(finite) if smaller_is_better else max(finite)
 
 
 class _Follower:

@@ -8,45 +8,17 @@ Per-batch cost without a bar is one attribute test.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
 from typing import Any, Mapping, Optional
 
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
+from determined_launch.values import plain_metrics as format_metrics
 
 logger = logging.getLogger("determined_launch.pytorch")
 
 _ENV_BAR = "DET_PROGRESS_BAR"
-
-
-def _format_value(value: Any) -> str:
-    try:
-        import numpy as np
-
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            value = value.item()
-        elif isinstance(value, np.generic):
-            value = value.item()
-    except ImportError:  # pragma: no cover - numpy comes with torch
-        pass
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else str(value)
-    if isinstance(value, int):
-        return str(value)
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"<{type(value).__name__} shape={tuple(shape)}>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def format_metrics(metrics: Mapping[str, Any]) -> str:
-    """``loss=0.743319 acc=0.9`` (arrays as their shape, long values cut)."""
-    return " ".join(f"{k}={_format_value(v)}" for k, v in metrics.items())
 
 
 def _want_bar(is_chief: bool, use_tqdm: Optional[bool]) -> bool:
