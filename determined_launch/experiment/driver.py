@@ -36,8 +36,10 @@ from determined_launch.experiment.trial import (
     TrialProcess,
     TrialSpec,
     launcher_argv,
+    trial_metric,
     write_private,
 )
+from determined_launch.values import plain
 
 #: seconds between heartbeats of a running trial's owner
 HEARTBEAT = 10.0
@@ -230,7 +232,7 @@ class Driver:
             elif self.search.brackets and trial.should_prune():
                 proc.request_stop("pruned")
                 self.s.on_event(f"trial {proc.spec.trial_id}: stopped by ASHA at length "
-                                f"{r.length} ({self.s.conf.searcher.metric}={r.value:g})")
+                                f"{r.length} ({self.s.conf.searcher.metric}={plain(r.value)})")
 
     def _past_the_end(self, length: int) -> bool:
         """0.38's ``max_time``: the script trains its own length, and the searcher
@@ -252,8 +254,8 @@ class Driver:
             # Another worker took the trial over (we missed heartbeats): its run counts.
             self.s.on_event(f"trial {tid}: taken over by another worker; this run is dropped")
             return
-        values = proc.seen
-        last = values[max(values)] if values else None
+        # Determined's searcher metric of a trial: its best validation value
+        value = trial_metric(proc.seen.values(), self.s.conf.searcher.smaller_is_better)
         reason = proc.stop_reason
         if reason == "pruned":
             self.study.tell(trial, state=states.PRUNED)
@@ -274,15 +276,16 @@ class Driver:
             self.s.on_event(f"trial {tid}: invalid hyperparameters (det.InvalidHP)")
             return
         if code in (0, EXIT_PREEMPTED) and reason in (None, "done"):
-            if last is None:
+            if value is None:
                 trial.set_user_attr(se.ATTR_ERROR, f"reported no {self.s.conf.searcher.metric}")
                 self.study.tell(trial, state=states.FAIL)
                 self.failures += 1
                 self.s.on_event(f"trial {tid}: finished without reporting "
                                 f"{self.s.conf.searcher.metric!r}; see {proc.log_path}")
                 return
-            self.study.tell(trial, last)
-            self.s.on_event(f"trial {tid}: completed, {self.s.conf.searcher.metric}={last:g}")
+            self.study.tell(trial, value)
+            self.s.on_event(f"trial {tid}: completed, {self.s.conf.searcher.metric}="
+                            f"{plain(value)}")
             return
         restarts = self.restarts.get(number, 0)
         if restarts < self.s.conf.max_restarts and self.stopping == 0:
