@@ -17,7 +17,7 @@ from determined_launch.ui import files, shape
 
 #: streams that are not metric reports (core/_rundir.py and its writers)
 NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "task_sources"})
-GROUP = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
 #: the launcher's own lines in a trial's output.log: its preemption and restart history
 LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]*: [^\n]*$", re.MULTILINE)
 LOG_LIMIT = 1 << 20
@@ -33,7 +33,7 @@ class RunReader:
         self._lock = threading.Lock()
 
     def table(self, run_dir: str, group: str) -> files.Table:
-        if not GROUP.match(group) or group.startswith("."):
+        if not GROUP.match(group):
             return files.Table()
         return self.streams.get(os.path.join(run_dir, f"{group}.jsonl"), self.roots)
 
@@ -123,7 +123,7 @@ class RunReader:
                 if m and int(m.group(1)) == rank:
                     keep.append(line)
             data = b"".join(keep)
-        return data.decode("utf-8", errors="replace"), end
+        return shape.redact_text(data.decode("utf-8", errors="replace")), end
 
     def launcher_events(self, run_dir: str) -> list[str]:
         """The launcher's own lines (preempted, restarted, failed) from the log."""

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
 from determined_launch.ui.api import Api
+from determined_launch.ui.runs import GROUP
 
 STATIC = pathlib.Path(__file__).parent / "static"
 #: every file the pages need, by URL name (nothing else under /static/ exists)
@@ -216,6 +217,8 @@ class Handler(BaseHTTPRequestHandler):
         reader = self.server.api.runs_reader
         if seg == ["metrics"]:
             group = query.get("group", ["training"])[0]
+            if not GROUP.match(group):
+                raise NotFound  # a group is a stream's name, never a path
             points = _int(query, "max_points", 2, MAX_POINTS)
             since = _int(query, "since", 0, 1 << 62) or 0
             return _json(reader.metrics(run_dir, group, points, since))

@@ -14,7 +14,16 @@ SECRET_KEY = re.compile(
     r"|(^|[_.-])key$)", re.IGNORECASE)
 #: ``scheme://user:password@host``: the userinfo goes
 URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+#: ``password=...`` / ``token: ...`` inside free text (status notes, launcher lines, logs)
+TEXT_SECRET = re.compile(
+    r"(?i)\b([\w.-]*(?:secret|passw|token|credential|api[_-]?key|access[_-]?key)[\w.-]*)"
+    r"(\s*[=:]\s*)([^\s,;&'\")\]]+)")
 REDACTED = "***"
+
+
+def redact_text(text: str) -> str:
+    text = URL_USERINFO.sub(rf"\1{REDACTED}@", text)
+    return TEXT_SECRET.sub(rf"\1\2{REDACTED}", text)
 
 
 def redact(value: Any, depth: int = 0) -> Any:
@@ -27,7 +36,7 @@ def redact(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact(v, depth + 1) for v in value]
     if isinstance(value, str):
-        return URL_USERINFO.sub(rf"\1{REDACTED}@", value)
+        return redact_text(value)
     return value
 
 

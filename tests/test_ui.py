@@ -1,0 +1,267 @@
+"""det-launch ui: the pure parts on small trees, then the server over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from determined_launch.core._rundir import RunDir
+from determined_launch.ui import files, shape
+from determined_launch.ui.api import Api
+from determined_launch.ui.server import UiServer
+from tests._ui_helpers import NAME, SECRET, Served, make_experiment, make_run
+
+pytest.importorskip("optuna")
+
+# -- pure parts ------------------------------------------------------------------------
+
+
+def test_downsampling_keeps_spikes_and_the_newest_point() -> None:
+    values = [1.0] * 10_000
+    values[4321] = 99.0  # one spike
+    values[777] = -5.0
+    values[-1] = 2.0
+    keep = shape.bucket_extremes(values, 100)
+    assert len(keep) <= 102
+    assert {4321, 777, 9999} <= set(keep)
+    assert keep == sorted(keep)
+    short = [1.0, math.nan, 3.0]
+    assert shape.bucket_extremes(short, 100) == [0, 2]  # short series: every present point
+
+
+def test_redact_hides_secret_keys_and_url_passwords() -> None:
+    out = shape.redact({"lr": 0.1, "db_password": "pw", "nested": {"api_key": "k", "key": "v",
+                        "monkey": 1}, "url": "postgresql://me:pw@db/x", "list": ["s3://a:b@h/p"]})
+    assert out["lr"] == 0.1 and out["nested"]["monkey"] == 1
+    assert out["db_password"] == out["nested"]["api_key"] == out["nested"]["key"] == "***"
+    assert out["url"] == "postgresql://***@db/x" and out["list"] == ["s3://***@h/p"]
+    assert shape.redact_text("run (token=abc) DB_PASSWORD: pw ok") == \
+        "run (token=***) DB_PASSWORD: *** ok"
+
+
+def test_streams_read_only_what_was_appended(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "training.jsonl"
+    run = RunDir(tmp_path, trial_id=None)
+    run.append("training", {"steps_completed": 1, "metrics": {"loss": 1.0, "note": "a"}})
+    streams = files.Streams()
+    roots = [str(tmp_path)]
+    assert len(streams.get(str(path), roots)) == 1
+    with open(path, "a") as f:
+        f.write('{"steps_completed": 2, "metrics": {"loss": 0.5}}\n{"steps_com')  # torn line
+    table = streams.get(str(path), roots)
+    assert [r["steps_completed"] for r in table.rows()] == [1, 2]
+    assert table.row(0)["metrics"] == {"loss": 1.0, "note": "a"}
+    with open(path, "a") as f:
+        f.write('pleted": 3, "metrics": {"loss": 0.25, "acc": 1}}\n')
+    table = streams.get(str(path), roots)
+    assert [r["metrics"] for r in table.rows()][2] == {"loss": 0.25, "acc": 1}
+    entry = streams._entries[os.path.realpath(path)]
+    assert entry.offset == path.stat().st_size
+    path.write_text('{"steps_completed": 9, "metrics": {"x": 1}}\n')  # replaced: read again
+    assert [r["steps_completed"] for r in streams.get(str(path), roots).rows()] == [9]
+
+
+def test_confinement_refuses_symlinks_out_of_the_tree(tmp_path: pathlib.Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("private\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link.txt").symlink_to(outside)
+    (root / "ok.txt").write_text("fine\n")
+    assert files.read_text(str(root / "ok.txt"), [str(root)]) == "fine\n"
+    assert files.read_text(str(root / "link.txt"), [str(root)]) is None
+    assert files.read_text(str(root / ".." / "outside.txt"), [str(root)]) is None
+
+
+def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
+    exps = tmp_path / "det_experiments"
+    make_experiment(exps)
+    make_run(tmp_path / "det_runs")
+    api = Api([str(exps), str(tmp_path / "det_runs")])
+    [summary] = api.experiments()
+    assert summary["name"] == NAME and summary["searcher"] == "adaptive_asha"
+    assert summary["state"] == "running" and summary["num_trials"] == 4
+    assert summary["best_trial"] == {"trial_id": 1, "value": 0.5}
+    assert summary["trial_states"] == {"completed": 1, "stopped (ASHA)": 1,
+                                       "invalid hparams": 1, "running": 1}
+    trials = {t["trial_id"]: t for t in api.trials(NAME) or []}
+    assert trials[1]["hparams"] == {"lr": 0.01, "width": 32}
+    assert trials[1]["length"] == 100 and trials[1]["checkpoints"] == 1
+    assert trials[2]["state"] == "stopped (ASHA)" and trials[3]["state"] == "invalid hparams"
+    run_dir = api.trial_dir(NAME, 1)
+    assert run_dir is not None
+    steps = [r["steps_completed"] for r in api.runs_reader.metrics(run_dir, "training")]
+    assert steps == list(range(10, 101, 10))
+    [ck] = api.runs_reader.checkpoints(run_dir, api.experiment_storage(NAME))
+    assert ck["state"] == "COMPLETED" and ck["steps_completed"] == 100 and ck["size"] > 1000
+    text, _ = api.runs_reader.logs(run_dir, 1, None)
+    assert text == "[rank=1] rank one line\n"
+    assert api.trial(NAME, 99) is None and api.trials("nope") is None
+    [run] = api.runs()
+    assert run["name"] == "local" and run["steps_completed"] == 3
+
+
+def test_new_experiments_appear_without_a_restart(tmp_path: pathlib.Path) -> None:
+    api = Api([str(tmp_path)])
+    assert api.experiments() == []
+    make_experiment(tmp_path, "later")
+    time.sleep(0.6)  # the catalog's scan is reused for TTL seconds
+    assert [e["name"] for e in api.experiments()] == ["later"]
+
+
+# -- the server over HTTP ----------------------------------------------------------------
+
+
+@pytest.fixture
+def tree(tmp_path: pathlib.Path) -> pathlib.Path:
+    make_experiment(tmp_path / "det_experiments")
+    make_run(tmp_path / "det_runs")
+    return tmp_path
+
+
+@pytest.fixture
+def served(tree: pathlib.Path) -> Iterator[Served]:
+    s = Served(cwd=tree)  # the default PATHs: ./det_experiments and ./det_runs
+    yield s
+    s.stop()
+
+
+def test_api_over_http(served: Served) -> None:
+    assert served.first_line == f"det-launch ui: serving {served.url}"
+    [exp] = served.json("/api/v1/experiments")
+    assert {"name", "searcher", "state", "num_trials", "best_trial"} <= set(exp)
+    trials = served.json(f"/api/v1/experiments/{NAME}/trials")
+    assert [t["trial_id"] for t in trials] == [1, 2, 3, 4]
+    assert {"trial_id", "state", "hparams", "best_value", "length"} <= set(trials[0])
+    val = served.json(f"/api/v1/experiments/{NAME}/trials/1/metrics?group=validation")
+    assert val == [{"steps_completed": 50, "time": val[0]["time"], "metrics": {"loss": 0.9}},
+                   {"steps_completed": 100, "time": val[1]["time"], "metrics": {"loss": 0.5}}]
+    [ck] = served.json(f"/api/v1/experiments/{NAME}/trials/1/checkpoints")
+    assert {"uuid", "steps_completed", "state"} <= set(ck)
+    status, headers, body = served.get(f"/api/v1/experiments/{NAME}/trials/1/logs")
+    assert status == 200 and b"[rank=0] trial 1 says hello" in body
+    assert headers["Content-Type"].startswith("text/plain")
+    assert served.json("/api/v1/runs/local/metrics?group=training")[2]["metrics"] == {"loss": 1.0}
+    for page in ("/", f"/experiments/{NAME}", f"/experiments/{NAME}/trials/2", "/runs/local",
+                 "/compare", "/static/app.js"):
+        assert served.get(page)[0] == 200, page
+
+
+def test_not_found_and_traversal(served: Served, tree: pathlib.Path) -> None:
+    outside = tree / "outside"
+    outside.mkdir()
+    RunDir(outside / "victim", trial_id=None).append("training", {"steps_completed": 1,
+                                                                 "metrics": {"pin": 1234}})
+    (tree / "det_runs" / "escape").symlink_to(outside / "victim")  # a run dir out of the tree
+    (tree / "det_runs" / "local" / "validation.jsonl").symlink_to(
+        outside / "victim" / "training.jsonl")  # a file out of the tree
+    time.sleep(0.6)
+    for path in ("/api/v1/experiments/nope", f"/api/v1/experiments/{NAME}/trials/99/metrics",
+                 "/api/v1/runs/%2e%2e/metrics", "/api/v1/runs/..%2F..%2Foutside/metrics",
+                 "/api/v1/runs/escape/metrics?group=training", "//etc/passwd",
+                 "/api/v1/runs//etc/passwd", "/static/../api.py", "/static/%2e%2e%2fapi.py",
+                 "/api/v1/runs/local/metrics?group=..%2F..%2Foutside%2Fvictim%2Ftraining",
+                 "/api/v1/experiments/%2Fetc/trials"):
+        status, _, body = served.get(path)
+        assert status == 404, (path, status, body)
+    assert served.json("/api/v1/runs/local/metrics?group=validation") == []
+    assert [r["name"] for r in served.json("/api/v1/runs")] == ["local"]
+    req = urllib.request.Request(served.url + "api/v1/experiments", method="POST", data=b"{}")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)  # noqa: S310
+    assert e.value.code == 405
+
+
+def test_secrets_never_reach_a_page(served: Served) -> None:
+    bodies = [served.get(p)[2] for p in (
+        "/api/v1/experiments", f"/api/v1/experiments/{NAME}/trials",
+        f"/api/v1/experiments/{NAME}/trials/1", f"/api/v1/experiments/{NAME}/trials/1/checkpoints",
+        "/api/v1/runs", "/api/v1/runs/local")]
+    assert all(SECRET.encode() not in b for b in bodies)
+    detail = served.json(f"/api/v1/experiments/{NAME}/trials/1")
+    assert detail["hparams_all"]["db_password"] == "***" and detail["hparams_all"]["lr"] == 0.01
+
+
+def test_live_update_within_two_seconds(served: Served, tree: pathlib.Path) -> None:
+    url = "/api/v1/runs/local/metrics?group=training"
+    status, headers, _ = served.get(url)
+    assert served.get(url, {"If-None-Match": headers["ETag"]})[0] == 304
+    RunDir(tree / "det_runs" / "local", trial_id=None).append(
+        "training", {"steps_completed": 4, "metrics": {"loss": 0.125}})
+    RunDir(tree / "det_runs" / "newer", trial_id=None).append(
+        "validation", {"steps_completed": 1, "metrics": {"acc": 0.5}})
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        rows = served.json(url)
+        names = [r["name"] for r in served.json("/api/v1/runs")]
+        if rows[-1]["metrics"] == {"loss": 0.125} and "newer" in names:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"not seen within 2 s: {rows[-1]}, {names}")
+
+
+def test_token_cookie_and_bearer(tree: pathlib.Path) -> None:
+    api = Api([str(tree / "det_experiments")])
+    server = UiServer(("127.0.0.1", 0), api, token="t0ken")  # as off loopback
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/api/v1/experiments"
+
+    def get(url: str, headers: dict[str, str]) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),  # noqa: S310
+                                        timeout=10) as r:
+                return r.status, r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers
+
+    try:
+        assert get(base, {})[0] == 401
+        assert get(base + "?token=wrong", {})[0] == 403
+        assert get(base, {"Authorization": "Bearer wrong"})[0] == 403
+        assert get(base, {"Authorization": "Bearer t0ken"})[0] == 200
+        status, headers = get(base + "?token=t0ken", {})
+        cookie = headers["Set-Cookie"]
+        assert status == 200 and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert get(base, {"Cookie": cookie.split(";")[0]})[0] == 200
+        assert get(base, {"Cookie": "det_ui_token=nope"})[0] == 403
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_loopback_refuses_a_foreign_host_header(served: Served) -> None:
+    assert served.get("/api/v1/experiments", {"Host": "evil.example:80"})[0] == 403
+
+
+def test_bad_input_is_one_line_and_status_2(tmp_path: pathlib.Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from determined_launch.cli import main
+
+    for args, needle in (([str(tmp_path / "missing")], "no such directory"),
+                         (["--port", "http"], "--port"), (["s3://bucket/x"], "object storage"),
+                         (["--bogus"], "unrecognized")):
+        assert main(["ui", *args]) == 2, args
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and needle in err and not out, err
+
+
+def test_importing_the_package_imports_no_ui() -> None:
+    code = ("import sys, determined_launch, determined_launch.cli; "
+            "bad = [m for m in sys.modules if m.startswith('determined_launch.ui') or m == 'torch'];"
+            "print(json.dumps(bad))")
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert json.loads(out) == []
