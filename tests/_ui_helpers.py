@@ -69,7 +69,8 @@ def make_experiment(root: pathlib.Path, name: str = NAME) -> pathlib.Path:
         (run.path / "cluster_info.json").write_text(json.dumps(info))
         (run.path / "output.log").write_text(
             f"[rank=0] trial {i} says hello\n[rank=1] rank one line\n"
-            "det-launch: job preempted after the workers acknowledged; resumable (exit status 75)\n")
+            "det-launch: job preempted after the workers acknowledged; resumable "
+            "(exit status 75)\n")
     uuid = "0f5e1c2a-aaaa-4bbb-8ccc-123456789abc"
     ck = exp / "checkpoints" / uuid
     ck.mkdir(parents=True)

@@ -260,7 +260,8 @@ def test_bad_input_is_one_line_and_status_2(tmp_path: pathlib.Path,
 
 def test_importing_the_package_imports_no_ui() -> None:
     code = ("import sys, determined_launch, determined_launch.cli; "
-            "bad = [m for m in sys.modules if m.startswith('determined_launch.ui') or m == 'torch'];"
+            "bad = [m for m in sys.modules "
+            "if m.startswith('determined_launch.ui') or m == 'torch'];"
             "print(json.dumps(bad))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True,
                          text=True, timeout=60, check=True).stdout
