@@ -7,14 +7,20 @@ import hmac
 import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from determined_launch.supervisor.channel import AuthenticatedStream, derive_key
-from determined_launch.supervisor.control import ChiefLink, ControlError, NodeLink
+from determined_launch.supervisor.channel import (
+    AuthenticatedStream,
+    derive_key,
+    read_nonce,
+    session_key,
+)
+from determined_launch.supervisor.control import ChiefLink, ControlError, NodeLink, job_identity
 from tests.conftest import free_port_block
 
 SECRET = "x" * 32
@@ -29,11 +35,16 @@ def wait_for(pred: Any, timeout: float = 5.0) -> None:
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
+    """The peer hangs up (after what it sent first, e.g. the chief's heartbeat)."""
     sock.settimeout(5)
     try:
-        return sock.recv(100) == b""
+        while sock.recv(65536):
+            pass
     except ConnectionResetError:
-        return True
+        pass
+    except socket.timeout:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -48,7 +59,7 @@ def port_of(link: ChiefLink) -> int:
 
 
 def test_messages_flow_both_ways(chief: ChiefLink) -> None:
-    node = NodeLink("127.0.0.1", port_of(chief), 1, SECRET, connect_timeout=5)
+    node = NodeLink("127.0.0.1", port_of(chief), 1, SECRET, connect_timeout=5, num_nodes=3)
     try:
         wait_for(lambda: chief.connected_nodes == {1})
         node.deliver({"type": "failed", "node": 2, "status": 3})  # a node sends to the chief
@@ -62,49 +73,143 @@ def test_messages_flow_both_ways(chief: ChiefLink) -> None:
 
 
 def test_wrong_secret_is_rejected(chief: ChiefLink) -> None:
-    node = NodeLink("127.0.0.1", port_of(chief), 1, "y" * 32, connect_timeout=5)
-    try:
-        wait_for(lambda: any(m.get("type") == "lost" for m in node.inbox))
-        assert chief.connected_nodes == set()
-        assert not any(m.get("type") == "hello" for m in chief.inbox)
-    finally:
-        node.close()
+    with pytest.raises(ControlError, match="never proved the job secret: is DET_DIST_SECRET"):
+        NodeLink("127.0.0.1", port_of(chief), 1, "y" * 32, connect_timeout=1, num_nodes=3)
+    assert chief.connected_nodes == set()
+    assert not any(m.get("type") == "hello" for m in chief.inbox)
+
+
+def handshake(port: int, num_nodes: int = 3) -> tuple[socket.socket, AuthenticatedStream]:
+    """A node's side of the handshake, by hand."""
+    raw = socket.create_connection(("127.0.0.1", port))
+    theirs = read_nonce(raw)
+    assert theirs is not None
+    mine = "ab" * 16
+    raw.sendall(f"{mine}\n".encode())
+    key = session_key(derive_key(SECRET), job_identity(port, num_nodes), theirs, mine)
+    return raw, AuthenticatedStream(raw, key, f"{theirs}.{mine}", False)
 
 
 def test_replayed_line_is_rejected(chief: ChiefLink) -> None:
-    # Record a valid hello made for one connection's nonce...
-    raw = socket.create_connection(("127.0.0.1", port_of(chief)))
-    nonce = raw.recv(64).decode().strip()
-    recorder = AuthenticatedStream(raw, derive_key(SECRET), nonce, False)
+    # Record a valid hello made for one connection's nonces...
+    raw, recorder = handshake(port_of(chief))
     recorder.send({"type": "hello", "node": 1})
     wait_for(lambda: chief.connected_nodes == {1})
     raw.close()
     wait_for(lambda: chief.connected_nodes == set())
-    # ...and replay its bytes on a new connection, which has another nonce.
     payload = json.dumps({"type": "hello", "node": 2}, separators=(",", ":"))
-    mac = hmac.new(recorder.key, f"{nonce}|n2c|0|{payload}".encode(), hashlib.sha256).hexdigest()
+    mac = hmac.new(recorder.key, f"{recorder.nonce}|n2c|0|{payload}".encode(),
+                   hashlib.sha256).hexdigest()
+    # ...and replay its bytes, node nonce included, on a new connection: the chief's nonce is new.
     replay = socket.create_connection(("127.0.0.1", port_of(chief)))
-    replay.recv(64)
-    replay.sendall(f"{mac} {payload}\n".encode())
+    read_nonce(replay)
+    replay.sendall(f"{recorder.nonce.split('.')[1]}\n{mac} {payload}\n".encode())
     assert closed_by_peer(replay)
     assert 2 not in chief.connected_nodes
     replay.close()
 
 
+class Proxy:
+    """A TCP proxy on loopback: the first connection either forwards to
+    ``target`` recording what comes back, or (``replay``) gets those bytes
+    played back whatever it sends; later connections are forwarded."""
+
+    def __init__(self, host: str, port: int, target: int, replay: bytes = b"") -> None:
+        self.target, self.replay, self.recorded = target, replay, b""
+        self.listener = socket.create_server((host, port))
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if self.replay and self.connections == 1:
+                client.sendall(self.replay)
+                threading.Thread(target=self._drain, args=(client,), daemon=True).start()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, False),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True),
+                             daemon=True).start()
+
+    def _drain(self, sock: socket.socket) -> None:
+        while sock.recv(65536):
+            pass
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if record:
+                    self.recorded += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_recording_of_another_job_replayed_before_the_chief_answers_is_refused() -> None:
+    """Job A's chief->node traffic, recorded by a proxy, then played to job B's
+    node (same secret, same ports, same node count) before job B's chief answers."""
+    port = free_port_block(1)
+    chief_a = ChiefLink("127.0.0.1", port, num_nodes=2, secret=SECRET)
+    proxy_a = Proxy("127.0.0.2", port, port)
+    node_a = NodeLink("127.0.0.2", port, 1, SECRET, connect_timeout=5, num_nodes=2)
+    wait_for(lambda: chief_a.connected_nodes == {1})
+    chief_a.deliver({"type": "abort", "verdict": "job A failed", "status": 7})
+    wait_for(lambda: any(m.get("type") == "abort" for m in node_a.inbox))
+    node_a.close()
+    chief_a.close()
+    proxy_a.close()
+    assert b"job A failed" in proxy_a.recorded
+
+    chief_b = None
+    for _ in range(50):  # job A's listener goes when its accept() returns (0.2 s)
+        try:
+            chief_b = ChiefLink("127.0.0.1", port, num_nodes=2, secret=SECRET)
+            break
+        except ControlError:
+            time.sleep(0.1)
+    assert chief_b is not None
+    fake = Proxy("127.0.0.3", port, port, replay=proxy_a.recorded)
+    try:
+        node_b = NodeLink("127.0.0.3", port, 1, SECRET, connect_timeout=5, num_nodes=2)
+        replayed = lambda: [m for m in node_b.inbox if m.get("type") == "abort"]  # noqa: E731
+        wait_for(lambda: chief_b.connected_nodes == {1} or replayed())
+        assert not replayed(), "job B's node took job A's verdict"
+        wait_for(lambda: chief_b.connected_nodes == {1})  # the real chief, on a new connection
+        chief_b.deliver({"type": "finish", "status": 0})
+        wait_for(lambda: any(m.get("type") == "finish" for m in node_b.inbox))
+        assert fake.connections == 2
+        assert not any(m.get("type") in ("abort", "lost") for m in node_b.inbox), node_b.inbox
+        node_b.close()
+    finally:
+        chief_b.close()
+        fake.close()
+
+
 def test_garbage_and_bad_node_numbers_are_dropped(chief: ChiefLink) -> None:
     s = socket.create_connection(("127.0.0.1", port_of(chief)))
     s.recv(64)
-    s.sendall(b"\x80\x81 not a mac\n" + b"A" * 70000)
+    s.sendall(b"\x80\x81 not a nonce\n" + b"A" * 70000)
     assert closed_by_peer(s)
     s.close()
-    bad = NodeLink("127.0.0.1", port_of(chief), 7, SECRET, connect_timeout=5)
+    bad = NodeLink("127.0.0.1", port_of(chief), 7, SECRET, connect_timeout=5, num_nodes=3)
     wait_for(lambda: any(m.get("type") == "lost" for m in bad.inbox))
     bad.close()
     assert chief.connected_nodes == set()
 
 
 def test_losing_a_node_is_reported(chief: ChiefLink) -> None:
-    node = NodeLink("127.0.0.1", port_of(chief), 2, SECRET, connect_timeout=5)
+    node = NodeLink("127.0.0.1", port_of(chief), 2, SECRET, connect_timeout=5, num_nodes=3)
     wait_for(lambda: chief.connected_nodes == {2})
     node.stream.sock.close()  # as if the launcher died
     wait_for(lambda: any(m.get("type") == "lost" and m.get("node") == 2 for m in chief.inbox))
@@ -114,7 +219,7 @@ def test_losing_a_node_is_reported(chief: ChiefLink) -> None:
 
 def test_unreachable_chief_is_a_clear_error() -> None:
     with pytest.raises(ControlError, match=r"could not reach the chief's launcher at 127\.0\.0\.1"):
-        NodeLink("127.0.0.1", free_port_block(1), 1, SECRET, connect_timeout=0.5)
+        NodeLink("127.0.0.1", free_port_block(1), 1, SECRET, connect_timeout=0.5, num_nodes=3)
 
 
 def test_busy_port_is_a_clear_error(chief: ChiefLink) -> None:
@@ -134,3 +239,17 @@ def test_dropped_lines_are_logged_at_most_once_per_period(
     lines = [r for r in caplog.records if "dropped lines" in r.getMessage()]
     assert len(lines) == 1 and "1 malformed" in lines[0].getMessage()
     assert drops.counts["malformed"] == 499  # counted for the next line
+
+
+def test_over_long_lines_are_rate_limited_like_other_rejects(
+    chief: ChiefLink, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="determined_launch.control"):
+        for i in range(40):
+            s = socket.create_connection(("127.0.0.1", port_of(chief)))
+            s.recv(64)
+            s.sendall((f"{i:032x}\n" if i % 2 else "").encode() + b"A" * 70000)
+            assert closed_by_peer(s)
+            s.close()
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) <= 1, logged

@@ -1,11 +1,23 @@
 """The control channel's wire: HMAC-checked JSON lines over one socket.
 
-Wire format: one JSON object per line, each line prefixed by the hex
-HMAC-SHA256 of ``nonce|direction|seq|json`` under the job secret. The nonce
-is fresh per connection (sent by the chief first), and ``seq`` counts lines
-per direction, so a recorded line cannot be replayed on another connection
-or out of order. A line that fails the check closes the connection; JSON is
-parsed only after the check, and nothing is ever unpickled.
+Handshake, then lines::
+
+    chief -> node   chief nonce (32 hex digits, plain)
+    node -> chief   node nonce (32 hex digits, plain)
+    both            session key = HMAC(job key, job identity | chief nonce | node nonce)
+    chief -> node   first authenticated line (a heartbeat): the node trusts
+                    the connection only after it
+    node -> chief   HELLO, authenticated
+
+Each line is prefixed by the hex HMAC-SHA256 of ``nonces|direction|seq|json``
+under the session key; ``seq`` counts lines per direction. Both ends add a
+fresh nonce, so a recording of either direction is useless on any other
+connection: a fake chief replaying an earlier connection's lines cannot
+produce lines for the node's new nonce, and a replayed node cannot for the
+chief's. The job identity (control port, number of nodes) in the key keeps
+differently shaped jobs that share a secret apart. A line that fails the check closes the
+connection; JSON is parsed only after the check, and nothing is ever
+unpickled.
 """
 
 from __future__ import annotations
@@ -15,7 +27,9 @@ import hashlib
 import hmac
 import json
 import logging
+import secrets
 import socket
+import string
 import threading
 import time
 from typing import Optional
@@ -27,6 +41,7 @@ logger = logging.getLogger("determined_launch.control")
 #: Seconds between two log lines about dropped lines; the rest are counted.
 _DROP_LOG_PERIOD = 10.0
 _MAX_LINE = 64 * 1024
+_NONCE_BYTES = 16
 
 
 class AuthenticatedStream:
@@ -72,7 +87,7 @@ class AuthenticatedStream:
                 return None
             out.append(msg)
         if len(self.buffer) > _MAX_LINE:
-            logger.warning("control channel: over-long line from peer; closing connection")
+            _DROPS.note("over-long")  # rate-limited like every other reject
             return None
         return out
 
@@ -126,3 +141,30 @@ _DROPS = _DropLog()
 
 def derive_key(secret: str) -> bytes:
     return hashlib.sha256(b"determined_launch control\0" + secret.encode()).digest()
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(_NONCE_BYTES)
+
+
+def session_key(key: bytes, job: str, chief_nonce: str, node_nonce: str) -> bytes:
+    """The key of one connection: both ends' fresh nonces and the job's identity."""
+    return hmac.new(key, f"session|{job}|{chief_nonce}|{node_nonce}".encode(),
+                    hashlib.sha256).digest()
+
+
+def read_nonce(sock: socket.socket) -> Optional[str]:
+    """The peer's plain nonce line, byte by byte (what follows is the stream's);
+    ``None`` unless it is exactly a nonce."""
+    raw = b""
+    while not raw.endswith(b"\n"):
+        if len(raw) > 2 * _NONCE_BYTES:
+            return None
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        raw += chunk
+    text = raw[:-1].decode("ascii", errors="replace")
+    if len(text) != 2 * _NONCE_BYTES or text.strip(string.hexdigits):
+        return None
+    return text

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -23,7 +22,13 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from determined_launch.errors import LaunchError
-from determined_launch.supervisor.channel import AuthenticatedStream, derive_key
+from determined_launch.supervisor.channel import (
+    AuthenticatedStream,
+    derive_key,
+    new_nonce,
+    read_nonce,
+    session_key,
+)
 from determined_launch.supervisor.events import Kind, Message, message
 
 logger = logging.getLogger("determined_launch.control")
@@ -52,9 +57,10 @@ class ControlLink:
     chief does.
     """
 
-    def __init__(self, node_rank: int, secret: str) -> None:
+    def __init__(self, node_rank: int, secret: str, job: str) -> None:
         self.node_rank = node_rank
         self.key = derive_key(secret)
+        self.job = job
         self.inbox: collections.deque[Message] = collections.deque()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -78,7 +84,7 @@ class ChiefLink(ControlLink):
     """The chief's side: accepts one connection per non-chief node."""
 
     def __init__(self, bind_host: str, port: int, num_nodes: int, secret: str) -> None:
-        super().__init__(0, secret)
+        super().__init__(0, secret, job_identity(port, num_nodes))
         self.num_nodes = num_nodes
         self.streams: dict[int, AuthenticatedStream] = {}
         self._lock = threading.Lock()
@@ -103,15 +109,26 @@ class ChiefLink(ControlLink):
             self._spawn(self._serve, sock)
 
     def _serve(self, sock: socket.socket) -> None:
-        nonce = secrets.token_hex(16)
-        stream = AuthenticatedStream(sock, self.key, nonce, is_chief=True)
+        nonce = new_nonce()
         try:
             sock.sendall(f"{nonce}\n".encode())
             sock.settimeout(HEARTBEAT_TIMEOUT)
-            hello = _read_first(stream)
+            theirs = read_nonce(sock)
+        except OSError:
+            sock.close()
+            return
+        if theirs is None:
+            sock.close()
+            return
+        stream = AuthenticatedStream(sock, session_key(self.key, self.job, nonce, theirs),
+                                     f"{nonce}.{theirs}", is_chief=True)
+        try:
+            stream.send(message(Kind.HEARTBEAT))  # proves this chief holds the key, now
+            first = _read_first(stream)
         except OSError:
             stream.close()
             return
+        hello = first[0] if first else None
         node = hello.get("node") if hello else None
         if not hello or hello.get("type") != Kind.HELLO or not isinstance(node, int):
             stream.close()
@@ -127,6 +144,10 @@ class ChiefLink(ControlLink):
                 return
             self.streams[node] = stream
         self.inbox.append(hello)
+        for msg in (first or [])[1:]:  # what came with the hello
+            if msg.get("type") != Kind.HEARTBEAT:
+                msg["node"] = node
+                self.inbox.append(msg)
         why = self._pump(stream, node)
         with self._lock:
             self.streams.pop(node, None)
@@ -190,11 +211,12 @@ class NodeLink(ControlLink):
     ``connect_timeout`` because launchers on different nodes start in any order."""
 
     def __init__(
-        self, chief_host: str, port: int, node_rank: int, secret: str, connect_timeout: float
+        self, chief_host: str, port: int, node_rank: int, secret: str, connect_timeout: float,
+        *, num_nodes: int,
     ) -> None:
-        super().__init__(node_rank, secret)
-        self.stream = _connect(chief_host, port, self.key, connect_timeout)
-        self.stream.send(message(Kind.HELLO, node=node_rank))
+        super().__init__(node_rank, secret, job_identity(port, num_nodes))
+        self.stream, early = _connect(chief_host, port, self, connect_timeout)
+        self.inbox.extend(m for m in early if m.get("type") != Kind.HEARTBEAT)
         self._spawn(self._pump)
         self._spawn(self._heartbeat_loop)
 
@@ -241,14 +263,23 @@ class NodeLink(ControlLink):
         self.stream.close()
 
 
-def _read_first(stream: AuthenticatedStream) -> Optional[Message]:
-    deadline = time.monotonic() + HEARTBEAT_TIMEOUT
+def job_identity(port: int, num_nodes: int) -> str:
+    """What both ends surely agree on about their job, bound into every
+    connection's key. Not the addresses: each node resolves names itself, and
+    the chief may listen on another interface than the one nodes reach (NAT)."""
+    return f"control port {port}, {num_nodes} nodes"
+
+
+def _read_first(stream: AuthenticatedStream, timeout: float = HEARTBEAT_TIMEOUT
+                ) -> Optional[list[Message]]:
+    """The first authenticated lines (those that came with it too)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         msgs = stream.recv_lines()
         if msgs is None:
             return None
         if msgs:
-            return msgs[0]
+            return msgs
     return None
 
 
@@ -277,7 +308,11 @@ def _listen(host: str, port: int) -> socket.socket:
     )
 
 
-def _connect(host: str, port: int, key: bytes, timeout: float) -> AuthenticatedStream:
+def _connect(host: str, port: int, link: NodeLink, timeout: float
+             ) -> tuple[AuthenticatedStream, list[Message]]:
+    """A connection whose peer proved the job's key for this connection's
+    nonces; a peer that does not (another job, a replay of an earlier
+    connection) is hung up on, and the chief tried again until ``timeout``."""
     deadline = time.monotonic() + timeout
     last_error: Optional[Exception] = None
     while time.monotonic() < deadline:
@@ -288,19 +323,30 @@ def _connect(host: str, port: int, key: bytes, timeout: float) -> AuthenticatedS
             time.sleep(0.2)
             continue
         try:
-            sock.settimeout(HEARTBEAT_TIMEOUT)
-            nonce = b""
-            while not nonce.endswith(b"\n") and len(nonce) < 128:
-                chunk = sock.recv(1)
-                if not chunk:
-                    raise ConnectionError("chief closed the connection")
-                nonce += chunk
-            return AuthenticatedStream(sock, key, nonce.decode().strip(), is_chief=False)
+            sock.settimeout(min(HEARTBEAT_TIMEOUT, max(deadline - time.monotonic(), 0.5)))
+            theirs = read_nonce(sock)
+            if theirs is None:
+                raise ConnectionError("the peer sent no nonce")
+            mine = new_nonce()
+            sock.sendall(f"{mine}\n".encode())
+            stream = AuthenticatedStream(sock, session_key(link.key, link.job, theirs, mine),
+                                         f"{theirs}.{mine}", is_chief=False)
+            stream.send(message(Kind.HELLO, node=link.node_rank))
+            first = _read_first(stream, sock.gettimeout() or HEARTBEAT_TIMEOUT)
+            if first is not None:
+                return stream, first
+            last_error = _Unproven("it answered but never proved the job secret: is "
+                                   "DET_DIST_SECRET / job_secret the same on every node?")
         except (OSError, UnicodeDecodeError) as e:
             last_error = e
-            sock.close()
-            time.sleep(0.2)
+        sock.close()
+        time.sleep(0.2)
+    hint = "" if isinstance(last_error, _Unproven) else "; is the launcher running on node 0?"
     raise ControlError(
         f"could not reach the chief's launcher at {host}:{port} within {timeout:.0f}s "
-        f"({last_error}); is the launcher running on node 0?"
+        f"({last_error}){hint}"
     )
+
+
+class _Unproven(ConnectionError):
+    """The peer at the chief's address does not hold this job's key."""

@@ -138,6 +138,7 @@ class Supervisor:
                 self.info.container_rank,
                 secret,
                 self.config.connect_timeout,
+                num_nodes=self.info.num_nodes,
             )
 
     def _process_env(self, spec: ProcessSpec) -> dict[str, str]:
