@@ -126,7 +126,7 @@ function lineChart(title, series, xlabel) {
 function parallel(trials, metric, smaller, bestId) {
   const names = [...new Set(trials.flatMap((t) => Object.keys(t.hparams || {})))].sort();
   const axes = [...names, metric];
-  const W = Math.max(460, 130 * axes.length), H = 280, T = 34, B = 26, L = 50, R = 50;
+  const W = Math.max(460, 130 * axes.length), H = 290, T = 48, B = 26, L = 50, R = 50;
   const svg = h("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "parallel coordinates"},
     h("text", {x: 8, y: 15, class: "title"}, "hyperparameters (parallel coordinates)"));
   const value = (t, a) => a === metric ? t.best_value : (t.hparams || {})[a];
