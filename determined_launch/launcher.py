@@ -22,13 +22,13 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars
+from determined_launch import config, envvars, expconf
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
-from determined_launch.cluster.local_trial import LocalTrialOptions, complete
+from determined_launch.cluster.local_trial import CONFIG_ENV, LocalTrialOptions, complete
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.compat import worker_pythonpath
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
@@ -224,6 +224,39 @@ def detection_env(options: LauncherOptions, env: Mapping[str, str]) -> Mapping[s
     return {**env, SLOTS_ENV: str(options.slots)}
 
 
+def config_slots(options: LauncherOptions) -> Optional[int]:
+    """``--config``'s ``resources.slots_per_trial`` where ``--slots`` (or its
+    variable) does not say; the config is checked here, before anything starts."""
+    path = options.local_trial.config
+    if options.slots is not None or not path:
+        return None
+    try:
+        return expconf.load(path, trial=True).slots_per_trial
+    except expconf.ConfigError as e:
+        raise LaunchError(f"--config / {CONFIG_ENV}: {e}") from None
+
+
+def detect_with_config_slots(options: LauncherOptions, env: Mapping[str, str]) -> ClusterInfo:
+    """Detection, with ``--config``'s ``slots_per_trial`` as this node's slots on
+    a single node. It counts the whole trial, so on several nodes the scheduler's
+    slots per node stand (and the launcher says so)."""
+    def found(o: LauncherOptions) -> ClusterInfo:
+        return detect(detection_env(o, env), force=o.detector,
+                      disable=o.disabled_detectors).info
+
+    slots = config_slots(options)
+    if slots is None:
+        return found(options)
+    info = found(dataclasses.replace(options, slots=slots))
+    if info.single_node:
+        return info
+    info = found(options)
+    _say(f"{options.local_trial.config}: resources.slots_per_trial {slots} not applied: this "
+         f"job has {info.num_nodes} nodes, whose slots the scheduler decides "
+         f"({sum(info.container_slot_counts)} in all)")
+    return info
+
+
 def run(
     build: BuildPlan,
     args: BackendArgs,
@@ -232,8 +265,7 @@ def run(
 ) -> int:
     """Detect, build, supervise; return the exit status. Raises LaunchError."""
     env = os.environ if env is None else env
-    info = detect(detection_env(options, env), force=options.detector,
-                  disable=options.disabled_detectors).info
+    info = detect_with_config_slots(options, env)
     refuse_nested_launch(info, env)
     info = complete(info, env, options.local_trial, say=_say)
     runtime = make_runtime(info, env, options.determined_compat)

@@ -116,6 +116,11 @@ def test_only_the_cli_imports_the_experiment_layer() -> None:
     hparams = ROOT / PKG / "hparams.py"
     ours = {i for i in imports_of(hparams) if i.startswith(PKG)}
     assert ours <= {f"{PKG}.errors", f"{PKG}.errors.LaunchError"}, ours
+    # The experiment config's one reader sits there too (det-launch --config and the legacy
+    # runner check a file as det-launch experiment does): it knows only the leaves.
+    leaves = {f"{PKG}.errors", f"{PKG}.errors.LaunchError", f"{PKG}.hparams", f"{PKG}.values"}
+    ours = {i for i in imports_of(ROOT / PKG / "expconf.py") if i.startswith(PKG + ".")}
+    assert ours <= leaves, ours
 
 
 def test_only_the_cli_imports_the_ui() -> None:

@@ -240,18 +240,22 @@ def test_parse_overrides() -> None:
 def test_read_config_yaml_json_and_errors(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text("hyperparameters:\n  a: 1\n")
     assert read_config(str(tmp_path / "c.yaml")) == {"hyperparameters": {"a": 1}}
-    (tmp_path / "c.json").write_text(json.dumps({"x": 1}))
-    assert read_config(str(tmp_path / "c.json")) == {"x": 1}
+    (tmp_path / "c.json").write_text(json.dumps({"scheduling_unit": 1}))
+    assert read_config(str(tmp_path / "c.json")) == {"scheduling_unit": 1}
     (tmp_path / "empty.yaml").write_text("")
     assert read_config(str(tmp_path / "empty.yaml")) == {}
     (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
-    with pytest.raises(RunnerError, match="not valid YAML"):
+    with pytest.raises(RunnerError, match="bad.yaml: invalid YAML at line 2"):
         read_config(str(tmp_path / "bad.yaml"))
     (tmp_path / "list.yaml").write_text("- 1\n")
-    with pytest.raises(RunnerError, match="must be a mapping"):
+    with pytest.raises(RunnerError, match="expected a mapping"):
         read_config(str(tmp_path / "list.yaml"))
-    with pytest.raises(RunnerError, match="cannot read config"):
+    with pytest.raises(RunnerError, match="missing.yaml: cannot read"):
         read_config(str(tmp_path / "missing.yaml"))
+    (tmp_path / "typo.yaml").write_text("min_validaton_period: {batches: 2}\n")
+    with pytest.raises(RunnerError, match=r"typo.yaml: unknown field\(s\) min_validaton_period "
+                                          r"\(did you mean min_validation_period\?\)"):
+        read_config(str(tmp_path / "typo.yaml"))
 
 
 # --- command line: one line, exit 2, no traceback --------------------------------
@@ -271,8 +275,8 @@ class Broken(pytorch.PyTorchTrial):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--config", "missing.yaml", "model_def:Broken"], "cannot read config missing.yaml"),
-        (["--config", "bad.yaml", "model_def:Broken"], "not valid YAML"),
+        (["--config", "missing.yaml", "model_def:Broken"], "missing.yaml: cannot read"),
+        (["--config", "bad.yaml", "model_def:Broken"], "bad.yaml: invalid YAML"),
         (["nomodule:Trial", "--test"], "cannot import module 'nomodule'"),
         (["model_def:Nope", "--test"], "has no 'Nope'"),
         (["model_def:NotATrial", "--test"], "not a PyTorchTrial subclass"),

@@ -84,9 +84,14 @@ def _object(data: Any, where: str) -> dict[str, Any]:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """``--config EXP.yaml``: Determined's experiment config, as a mapping."""
-    where = f"config {path}"
-    return _object(_load_yaml(_read_text(path, "config"), where) or {}, where)
+    """``--config EXP.yaml``: Determined's experiment config, as a mapping,
+    checked as ``det-launch experiment`` checks it (one trial: no searcher needed)."""
+    from determined_launch import expconf  # a pure leaf, like hparams
+
+    try:
+        return dict(expconf.load(path, trial=True).raw)
+    except expconf.ConfigError as e:
+        raise ValueError(str(e)) from None
 
 
 def config_hparams(config: Mapping[str, Any], where: str) -> dict[str, Any]:

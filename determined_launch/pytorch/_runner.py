@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -65,42 +64,15 @@ class RunPlan:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """Load an experiment config (YAML, or JSON). ``RunnerError`` on any problem."""
-    p = pathlib.Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise RunnerError(f"cannot read config {path}: {e.strerror or e}") from None
-    if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise RunnerError(f"config {path} is not valid JSON: {e}") from None
-    else:
-        data = _load_yaml(text, path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise RunnerError(
-            f"config {path} must be a mapping of settings, got a {type(data).__name__}"
-        )
-    return data
+    """Load an experiment config (YAML, or JSON), checked as ``det-launch
+    experiment`` checks it (``determined_launch.expconf``, one trial: no
+    searcher needed). ``RunnerError`` on any problem."""
+    from determined_launch import expconf
 
-
-def _load_yaml(text: str, path: str) -> Any:
     try:
-        import yaml
-    except ImportError:
-        raise RunnerError(
-            f"reading {path} needs PyYAML: pip install pyyaml (or give a .json config)"
-        ) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RunnerError(f"config {path} is not valid YAML{at}: {problem}") from None
+        return dict(expconf.load(path, trial=True).raw)
+    except expconf.ConfigError as e:
+        raise RunnerError(str(e)) from None
 
 
 def parse_value(text: str) -> Any:
