@@ -1,8 +1,9 @@
 """determined_launch: Determined AI's distributed launch layer, for any cluster.
 
 The public face mirrors ``import determined as det`` for the Core API
-tutorials: ``det.get_cluster_info()``, ``det.ClusterInfo``, ``det.core`` and
-``det.LOG_FORMAT``.
+tutorials: ``det.get_cluster_info()`` (``None`` in local mode, as Determined's
+off-cluster), ``det.ClusterInfo``, ``det.core``, ``det.generic`` (seed 000's
+Generic API) and ``det.LOG_FORMAT``.
 
 Heavier parts (the launcher with psutil, the ZeroMQ context) load on first
 use, so small ``python -m determined_launch.X`` helpers that run in front of
@@ -18,7 +19,7 @@ from determined_launch.cluster import ClusterInfo, TrialInfo, get_cluster_info
 from determined_launch.cluster.rendezvous import RendezvousInfo, ResourcesInfo
 
 if TYPE_CHECKING:
-    from determined_launch import core, errors, pytorch
+    from determined_launch import core, errors, generic, pytorch
     from determined_launch._user import InvalidHP, import_from_path
     from determined_launch.core import DistributedContext, DistributedError
     from determined_launch.launcher import launch_per_slot
@@ -29,6 +30,8 @@ from determined_launch._user import LOG_FORMAT
 #: attribute -> the module that defines it (or is it)
 _LAZY = {
     "core": "determined_launch.core",
+    # Seed 000's Generic API, a layer over the Core API (no torch).
+    "generic": "determined_launch.generic",
     "DistributedContext": "determined_launch.core",
     "DistributedError": "determined_launch.core",
     "launch_per_slot": "determined_launch.launcher",
@@ -41,6 +44,18 @@ _LAZY = {
     "errors": "determined_launch.errors",
     # Determined's test helpers call det._DistributedBackend() (spec 2.13).
     "_DistributedBackend": "determined_launch.core._dummy",
+    # Test-compat: what Determined's own unit tests and their helpers import
+    # (docs/pytorch.md, "Determined's own tests"); LegacyTrial/TrialController import torch.
+    "gpu": "determined_launch.gpu",
+    "workload": "determined_launch.workload",
+    "common": "determined_launch.common",
+    "experimental": "determined_launch.experimental",
+    "EnvContext": "determined_launch._testcompat",
+    "LegacyTrial": "determined_launch._testcompat",
+    "TrialController": "determined_launch._testcompat",
+    "_make_local_execution_env": "determined_launch._testcompat",
+    "_local_execution_manager": "determined_launch._testcompat",
+    "_catch_sys_exit": "determined_launch._testcompat",
 }
 
 
@@ -65,6 +80,7 @@ __all__ = [
     "TrialInfo",
     "core",
     "errors",
+    "generic",
     "get_cluster_info",
     "import_from_path",
     "launch_per_slot",

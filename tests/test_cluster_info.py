@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from determined_launch.cluster import ClusterInfo, detect, get_cluster_info
+from determined_launch.cluster import ClusterInfo, detect, get_cluster_info, resolve_cluster_info
 from determined_launch.errors import ClusterInfoError
 
 GOOD: dict[str, Any] = {
@@ -101,13 +101,15 @@ def test_determined_info_dir(tmp_path: Path) -> None:
 
 
 def test_local_default_and_slots() -> None:
-    info = get_cluster_info({"DET_LAUNCH_SLOTS": "3", "DET_INFO_DIR": "/nonexistent"})
+    # Local mode: det.get_cluster_info() is None; core.init() runs on this machine.
+    assert get_cluster_info({"DET_LAUNCH_SLOTS": "3", "DET_INFO_DIR": "/nonexistent"}) is None
+    info = resolve_cluster_info({"DET_LAUNCH_SLOTS": "3", "DET_INFO_DIR": "/nonexistent"})
     assert (info.container_addrs, info.container_slot_counts) == (("127.0.0.1",), (3,))
     assert info.source == "local"
-    gpus = get_cluster_info({"CUDA_VISIBLE_DEVICES": "0,1", "DET_INFO_DIR": "/nonexistent"})
+    gpus = resolve_cluster_info({"CUDA_VISIBLE_DEVICES": "0,1", "DET_INFO_DIR": "/nonexistent"})
     assert gpus.slots_per_node == 2
     with pytest.raises(ClusterInfoError, match="DET_LAUNCH_SLOTS: expected an integer from 1"):
-        get_cluster_info({"DET_LAUNCH_SLOTS": "zero", "DET_INFO_DIR": "/nonexistent"})
+        resolve_cluster_info({"DET_LAUNCH_SLOTS": "zero", "DET_INFO_DIR": "/nonexistent"})
 
 
 def test_force_and_disable(tmp_path: Path) -> None:

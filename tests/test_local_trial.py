@@ -13,6 +13,7 @@ import pytest
 
 import determined_launch as det
 from determined_launch import core
+from determined_launch.cluster import resolve_cluster_info
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import LocalTrialOptions, complete
 from determined_launch.errors import ClusterInfoError
@@ -31,7 +32,8 @@ def cwd(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path
 
 
 def test_off_cluster_there_is_a_local_trial(cwd: pathlib.Path) -> None:
-    info = det.get_cluster_info()
+    assert det.get_cluster_info() is None  # Determined's local mode
+    info = resolve_cluster_info()  # what core.init() runs on there
     assert info.trial is not None and info.trial.local and info.resolved
     assert (info.trial.trial_id, info.trial.hparams, info.trial.trial_seed) == (0, {}, 0)
     assert info.latest_checkpoint is None
@@ -43,13 +45,13 @@ def test_hparams_from_json_text_and_files(
     cwd: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DET_LAUNCH_HPARAMS", '{"increment_by": 3, "opt": {"lr": 0.1}}')
-    assert det.get_cluster_info().trial.hparams == {"increment_by": 3, "opt": {"lr": 0.1}}
+    assert resolve_cluster_info().trial.hparams == {"increment_by": 3, "opt": {"lr": 0.1}}
     (cwd / "hp.json").write_text('{"a": 1}')
     (cwd / "hp.yaml").write_text("a: 2\nb: [1, 2]\n")
     monkeypatch.setenv("DET_LAUNCH_HPARAMS", "hp.json")
-    assert det.get_cluster_info().trial.hparams == {"a": 1}
+    assert resolve_cluster_info().trial.hparams == {"a": 1}
     monkeypatch.setenv("DET_LAUNCH_HPARAMS", str(cwd / "hp.yaml"))
-    assert det.get_cluster_info().trial.hparams == {"a": 2, "b": [1, 2]}
+    assert resolve_cluster_info().trial.hparams == {"a": 2, "b": [1, 2]}
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -62,7 +64,7 @@ def test_bad_hparams_are_one_line(
 ) -> None:
     monkeypatch.setenv("DET_LAUNCH_HPARAMS", raw)
     with pytest.raises(ClusterInfoError, match=message) as e:
-        det.get_cluster_info()
+        resolve_cluster_info()
     assert "\n" not in str(e.value)
 
 
@@ -70,7 +72,7 @@ def test_hparams_must_be_an_object(cwd: pathlib.Path, monkeypatch: pytest.Monkey
     (cwd / "list.json").write_text("[1]")
     monkeypatch.setenv("DET_LAUNCH_HPARAMS", "list.json")
     with pytest.raises(ClusterInfoError, match="expected an object of hyperparameters, got list"):
-        det.get_cluster_info()
+        resolve_cluster_info()
 
 
 EXP = """
@@ -88,11 +90,11 @@ def test_hparams_from_the_config_constants(
 ) -> None:
     (cwd / "exp.yaml").write_text(EXP)
     monkeypatch.setenv("DET_LAUNCH_CONFIG", "exp.yaml")
-    trial = det.get_cluster_info().trial
+    trial = resolve_cluster_info().trial
     assert trial.hparams == {"increment_by": 4, "lr": 0.5, "model": {"width": 8}}
     assert trial.trial_seed == 42
     monkeypatch.setenv("DET_LAUNCH_HPARAMS", '{"increment_by": 1}')  # --hparams wins
-    assert det.get_cluster_info().trial.hparams == {"increment_by": 1}
+    assert resolve_cluster_info().trial.hparams == {"increment_by": 1}
 
 
 def test_a_range_in_the_config_points_at_det_launch_experiment(
@@ -102,13 +104,13 @@ def test_a_range_in_the_config_points_at_det_launch_experiment(
                                   "maxval: 1.0}\n")
     monkeypatch.setenv("DET_LAUNCH_CONFIG", "exp.yaml")
     with pytest.raises(ClusterInfoError) as e:
-        det.get_cluster_info()
+        resolve_cluster_info()
     assert str(e.value).startswith("--config / DET_LAUNCH_CONFIG: config exp.yaml: "
                                    "hyperparameters.lr: is a double range")
     assert "det-launch experiment" in str(e.value)
     (cwd / "exp.yaml").write_text("hyperparameters: [\n")
     with pytest.raises(ClusterInfoError, match="exp.yaml: invalid YAML at line 2"):
-        det.get_cluster_info()
+        resolve_cluster_info()
 
 
 def _info(**doc: Any) -> ClusterInfo:
@@ -125,19 +127,19 @@ def _commit(run_dir: pathlib.Path, info: ClusterInfo, steps: int) -> str:
 
 def test_rerun_resumes_from_the_newest_committed_checkpoint(cwd: pathlib.Path) -> None:
     run = cwd / "det_runs" / "local"
-    first = _commit(run, det.get_cluster_info(), 5)
-    newest = _commit(run, det.get_cluster_info(), 10)
+    first = _commit(run, resolve_cluster_info(), 5)
+    newest = _commit(run, resolve_cluster_info(), 10)
     assert newest != first
-    assert det.get_cluster_info().latest_checkpoint == newest
-    assert det.get_cluster_info({"DET_LAUNCH_FRESH": "1"}).latest_checkpoint is None
+    assert resolve_cluster_info().latest_checkpoint == newest
+    assert resolve_cluster_info({"DET_LAUNCH_FRESH": "1"}).latest_checkpoint is None
     # Other hyperparameters: another trial, which starts fresh.
-    assert det.get_cluster_info({"DET_LAUNCH_HPARAMS": '{"a": 1}'}).latest_checkpoint is None
+    assert resolve_cluster_info({"DET_LAUNCH_HPARAMS": '{"a": 1}'}).latest_checkpoint is None
     with pytest.raises(ClusterInfoError, match="DET_LAUNCH_FRESH: expected one of"):
-        det.get_cluster_info({"DET_LAUNCH_FRESH": "maybe"})
+        resolve_cluster_info({"DET_LAUNCH_FRESH": "maybe"})
     # A checkpoint deleted since is no resume point.
     with core.init(run_dir=str(run)) as ctx:
         ctx.checkpoint.delete(newest)
-    assert det.get_cluster_info().latest_checkpoint is None
+    assert resolve_cluster_info().latest_checkpoint is None
 
 
 def test_rerun_resumes_with_storage_given_as_a_yaml_block(
@@ -149,9 +151,9 @@ def test_rerun_resumes_with_storage_given_as_a_yaml_block(
     block.write_text(f"type: shared_fs\nhost_path: {cwd / 'shared'}\n")
     monkeypatch.setenv("DET_CHECKPOINT_STORAGE", str(block))
     run = cwd / "det_runs" / "local"
-    storage_id = _commit(run, det.get_cluster_info(), 5)
+    storage_id = _commit(run, resolve_cluster_info(), 5)
     assert (cwd / "shared" / storage_id / "metadata.json").is_file()
-    assert det.get_cluster_info().latest_checkpoint == storage_id
+    assert resolve_cluster_info().latest_checkpoint == storage_id
 
 
 def test_a_named_trial_resumes_only_its_own_checkpoints(cwd: pathlib.Path) -> None:
@@ -180,22 +182,34 @@ def _xs(stdout: str) -> list[int]:
     return [int(line.rsplit(" ", 1)[1]) for line in stdout.splitlines() if "x is now" in line]
 
 
+def _exec(argv: list[str], cwd: pathlib.Path, *flags: str,
+          **env: str) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "determined_launch.cli", *flags, "exec", "--", *argv], cwd,
+                **env)
+
+
 @pytest.mark.slow
 def test_tutorial_2_preempted_then_rerun_resumes(tmp_path: pathlib.Path) -> None:
+    """Tutorial 2 asserts it is on a cluster (``info is not None``): it runs
+    under ``det-launch exec``, whose rerun resumes the local trial."""
+    from determined_launch.errors import EXIT_PREEMPTED
+
     preempt = tmp_path / "preempt-now"
-    hp = '{"increment_by": 2}'
-    r = _run([sys.executable, TUTORIAL], tmp_path, DET_PREEMPT_FILE=str(preempt),
-             DET_LAUNCH_HPARAMS=hp, TOUCH_AT="7", TOUCH_FILE=str(preempt))
-    assert r.returncode == 0, r.stderr
+    hp = ("--hparams", '{"increment_by": 2}')
+    r = _exec([sys.executable, TUTORIAL], tmp_path, *hp, DET_PREEMPT_FILE=str(preempt),
+              TOUCH_AT="7", TOUCH_FILE=str(preempt))
+    assert r.returncode == EXIT_PREEMPTED, r.stderr
     assert _xs(r.stdout)[-1] == 20  # stopped at the checkpoint after step 10
     preempt.unlink()
-    r = _run([sys.executable, TUTORIAL], tmp_path, DET_PREEMPT_FILE=str(preempt),
-             DET_LAUNCH_HPARAMS=hp)
+    r = _exec([sys.executable, TUTORIAL], tmp_path, *hp, DET_PREEMPT_FILE=str(preempt))
     assert r.returncode == 0, r.stderr
     assert _xs(r.stdout) == list(range(22, 61, 2)), r.stdout
-    assert r.stderr.count("det_launch: resuming trial 0 from checkpoint") == 1, r.stderr
-    r = _run([sys.executable, TUTORIAL], tmp_path, DET_LAUNCH_HPARAMS=hp, DET_LAUNCH_FRESH="1")
+    assert r.stderr.count("det-launch: resuming trial 0 from checkpoint") == 1, r.stderr
+    r = _exec([sys.executable, TUTORIAL], tmp_path, *hp, "--fresh")
     assert r.returncode == 0 and _xs(r.stdout)[0] == 2 and "resuming" not in r.stderr
+    # Bare, it is Determined's local mode: the tutorial's own assertion says so.
+    r = _run([sys.executable, TUTORIAL], tmp_path)
+    assert r.returncode == 1 and "this example only runs on-cluster" in r.stderr
 
 
 @pytest.mark.slow

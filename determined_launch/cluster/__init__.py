@@ -1,7 +1,14 @@
 """Where am I: rendezvous information from files or the scheduler's environment."""
 
 from determined_launch.cluster.base import Detection, Detector, NoMatch
-from determined_launch.cluster.detect import DETECTORS, DetectionReport, detect, get_cluster_info
+from determined_launch.cluster.detect import (
+    DETECTORS,
+    DetectionReport,
+    detect,
+    get_cluster_info,
+    local_mode,
+    resolve_cluster_info,
+)
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
 
 __all__ = [
@@ -14,4 +21,6 @@ __all__ = [
     "TrialInfo",
     "detect",
     "get_cluster_info",
+    "local_mode",
+    "resolve_cluster_info",
 ]

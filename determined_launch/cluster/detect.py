@@ -60,6 +60,8 @@ class DetectionReport:
 
     info: ClusterInfo
     skipped: tuple[tuple[str, str], ...]  # (detector name, reason)
+    #: the detector that matched (``info.source`` is what a cluster-info file says)
+    detector: str = ""
 
 
 def detector_names() -> list[str]:
@@ -111,7 +113,7 @@ def detect(
                 )
             skipped.append((detector.name, result.reason))
             continue
-        return DetectionReport(info=result, skipped=tuple(skipped))
+        return DetectionReport(info=result, skipped=tuple(skipped), detector=detector.name)
     raise ClusterInfoError("no detector matched (the 'local' detector is disabled)")
 
 
@@ -125,17 +127,49 @@ def _say_once(message: str) -> None:
         print(f"det_launch: {message}", file=sys.stderr, flush=True)
 
 
-def get_cluster_info(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
-    """The seed's ``det.get_cluster_info()``: this node's rendezvous info.
-
-    Unlike Determined's, it never returns ``None``: off-cluster it describes
-    the local machine, with the local trial and the run directory's newest
-    checkpoint when no scheduler or launcher named them (``local_trial.py``),
-    so the tutorials' ``info.trial.trial_id`` and ``info.latest_checkpoint``
-    work as on a cluster.
-    """
+def resolve_cluster_info(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
+    """This node's info, always: the detected one, or the local machine, with
+    the local trial and the run directory's newest checkpoint when no scheduler
+    or launcher named them (``local_trial.py``). What ``core.init()`` and
+    ``pytorch.init()`` run on, on a cluster or not."""
     env = os.environ if env is None else env
     return complete(detect(env).info, env, say=_say_once)
+
+
+#: Launchers that are neither ours nor a scheduler: their workers without our
+#: cluster-info file are in local mode, as they are in Determined.
+_FOREIGN_LAUNCHERS = (TorchrunEnv.name, Mpi.name)
+
+
+def local_mode(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Determined's local mode: no launcher of ours (its workers read a
+    cluster-info file), no Determined task, no scheduler. A bare
+    ``torchrun`` or ``mpirun`` counts as bare; one inside a scheduler's job
+    does not."""
+    env = os.environ if env is None else env
+    force = env.get(FORCE_ENV)
+    if force:
+        return force == LocalMachine.name
+    disabled = _split_names(env.get(DISABLE_ENV))
+    if LocalMachine.name in disabled:
+        return False  # the user asked never to run as the local machine
+    report = detect(env, disable=[*disabled, *_FOREIGN_LAUNCHERS])
+    return report.detector == LocalMachine.name
+
+
+def get_cluster_info(env: Optional[Mapping[str, str]] = None) -> Optional[ClusterInfo]:
+    """The seed's ``det.get_cluster_info()``: this node's rendezvous info, or
+    ``None`` in local mode (``local_mode``), as Determined's off-cluster.
+
+    Under any ``det-launch`` command or a scheduler the info has a ``trial``
+    (the local trial when nothing named one) and ``latest_checkpoint``, so the
+    tutorials' ``info.trial.trial_id`` and ``info.latest_checkpoint`` work as on
+    a cluster. ``core.init()`` works in both (``resolve_cluster_info``).
+    """
+    env = os.environ if env is None else env
+    if local_mode(env):
+        return None
+    return resolve_cluster_info(env)
 
 
 def explain(report: DetectionReport) -> str:

@@ -60,6 +60,25 @@ _TOP_LEVEL_KEYS = {
 _SECRET_STORAGE_KEYS = {"access_key", "secret_key", "connection_string", "credential"}
 
 
+class MissingHParamError(KeyError):
+    """A hyperparameter looked up in a trial that nothing gave any: a
+    ``KeyError`` (code catching one still works) whose message says the fix."""
+
+    def __str__(self) -> str:  # KeyError's own quotes its argument
+        return str(self.args[0]) if self.args else ""
+
+
+class NoHParams(dict[str, Any]):
+    """The empty hyperparameters of a local trial nothing gave any (no
+    ``--hparams``, no ``--config``): a missing key names the fix in one line."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise MissingHParamError(
+            f"hyperparameter {key!r}: this trial has no hyperparameters (nothing gave any); "
+            "give them with det-launch --config const.yaml (its hyperparameters block) "
+            "or --hparams JSON|FILE")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialInfo:
     """The seed's ``info.trial``: identity and hyperparameters of this run."""
@@ -72,6 +91,10 @@ class TrialInfo:
     max_length: Optional[int] = None
     # The local trial (cluster/local_trial.py): no scheduler named one.
     local: bool = False
+
+    def __post_init__(self) -> None:
+        if self.local and not self.hparams and not isinstance(self.hparams, NoHParams):
+            object.__setattr__(self, "hparams", NoHParams())
 
 
 @dataclasses.dataclass(frozen=True)

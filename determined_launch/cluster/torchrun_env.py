@@ -7,8 +7,10 @@ of a running job, so starting our launcher there would start every worker a
 second time. This detector sits before every scheduler detector (a torchrun
 inside an srun step is still a torchrun worker) and reports ``source =
 "torchrun"``; the launchers refuse such an environment with
-``refuse_nested_launch``, while user code calling ``get_cluster_info()`` in a
-plain ``torchrun --nproc_per_node=N train.py`` still gets an answer.
+``refuse_nested_launch``. User code calling ``get_cluster_info()`` in a
+plain ``torchrun --nproc_per_node=N train.py`` gets ``None`` (Determined's
+local mode: torchrun is neither our launcher nor a scheduler), while
+``core.init()`` there still runs on this detector's answer.
 
 Our own launchers' workers have ``DET_CLUSTER_INFO_FILE`` set, so the file
 detector answers for them first and this one never sees them.

@@ -9,7 +9,7 @@ from typing import Any, Literal, Optional
 
 from determined_launch import envvars
 from determined_launch._user import InvalidHP
-from determined_launch.cluster import ClusterInfo, get_cluster_info
+from determined_launch.cluster import ClusterInfo, resolve_cluster_info
 from determined_launch.cluster.local_trial import RUNS_ROOT, default_run_dir
 from determined_launch.core._alerts import send_alert
 from determined_launch.core._dist import Collectives
@@ -171,10 +171,11 @@ def init(
     ``run_dir``: a directory, see ``resolve_run_dir``. ``tensorboard_mode``:
     see ``TensorboardMode``. ``max_length``:
     the searcher's length, overriding ``info.trial.max_length``. ``info``:
-    defaults to ``det.get_cluster_info()``. ``preempt_sync_period``: see
+    defaults to ``det.get_cluster_info()``, or in local mode (where that is
+    ``None``) the local machine and its local trial. ``preempt_sync_period``: see
     ``PreemptContext``.
     """
-    info = info if info is not None else get_cluster_info()
+    info = info if info is not None else resolve_cluster_info()
     if distributed is None:
         world = os.environ.get("WORLD_SIZE", "1")
         if world.isdigit() and int(world) > 1:
