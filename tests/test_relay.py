@@ -12,7 +12,15 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from determined_launch.supervisor.relay import LineRouter, ToolOutput, labels_workers, tail
+from determined_launch.supervisor.relay import (
+    LineRouter,
+    ToolOutput,
+    labels_workers,
+    not_noise,
+    report_tool_log,
+    tail,
+)
+from tests._burst import problems, write_burst
 from tests.conftest import Launch, base_env, launcher_cmd
 
 WORKER_LINES = [
@@ -113,6 +121,54 @@ def test_kept_log_is_private_and_leaves_the_job_directory(tmp_path: Path) -> Non
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
     assert tail(kept) == "agent noise"
     assert not (job / "launcher-tools.log").exists()
+
+
+def _relay(tmp_path: Path, stdout: bytes, stderr: bytes = b"") -> ToolOutput:
+    job = tmp_path / "det-launch-job"
+    job.mkdir()
+    output = ToolOutput(str(job / "launcher-tools.log"), ("torchrun",))
+    out_w, err_w = output.pipes()
+    os.write(out_w, stdout)
+    os.write(err_w, stderr)
+    os.close(out_w)
+    os.close(err_w)
+    return output
+
+
+def test_unlabelled_stdout_outlives_a_successful_job(tmp_path: Path) -> None:
+    """Issue 24: what reaches the tools' stdout unlabelled may be a worker's:
+    the log is kept even when the job succeeds, and the summary names it."""
+    output = _relay(tmp_path, b"[2026-11-25 10:00:00,000] [INFO] [runner.py:1] noise\n"
+                              b"a worker's line without its label\n")
+    note = report_tool_log(output, 0, None, 0)
+    kept = _log_path("det-launch: job succeeded" + note)
+    assert kept.parent == tmp_path and b"a worker's line" in kept.read_bytes()
+
+
+def test_tool_noise_alone_is_still_deleted_after_success(tmp_path: Path) -> None:
+    noise = (b"\n*****************************************\n"
+             b"127.0.0.1: [2026-11-25 10:00:00,000] [INFO] [launch.py:1] pdsh\n"
+             b"W1125 10:00:00.000000 42 torch/distributed/run.py:1] glog\n"
+             b"  [WARNING]  async_io requires the dev libaio .so object\n"
+             b"INFO:root:logging.basicConfig\n")
+    output = _relay(tmp_path, noise, b"stderr is the tools' own channel\n")
+    assert report_tool_log(output, 0, None, 0) == ""
+    assert list(tmp_path.glob("det-launch-tools-*")) == []
+    assert not not_noise(noise) and not_noise(b"[rank] not ours\n")
+
+
+def test_ranks_flooding_torchrun_reach_stdout_whole(tmp_path: Path,
+                                                    launches: list[Launch]) -> None:
+    """Issue 24: four ranks through torchrun and the relay, as fast as they can.
+    Before, lines arrived spliced mid-line with another rank's, and the cut-off
+    rest went to the tools' log, deleted with the successful job."""
+    burst, n = write_burst(tmp_path), 5_000
+    env = base_env(DET_LAUNCH_SLOTS="4", TMPDIR=str(tmp_path))
+    launch = Launch(launcher_cmd(sys.executable, str(burst), str(n)), env)
+    launches.append(launch)
+    assert launch.wait(60) == 0, launch.stderr
+    assert problems(launch.stdout.encode(), 4, n) == []
+    assert "launcher tools' log" not in launch.stderr  # nothing unlabelled left behind
 
 
 def _log_path(summary: str) -> Path:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._burst import problems, write_burst
 from wrap_rank import LINE_CAP, STATUS_DIR_ENV, LinePrefixer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,6 +209,27 @@ def test_nonblocking_stdout_with_a_slow_reader_loses_nothing() -> None:
         out = reader.read()
     assert proc.wait(timeout=20) == 0
     assert out == (b"[rank=0] " + b"y" * 99 + b"\n") * 20000
+
+
+def test_ranks_sharing_one_pipe_keep_every_line_whole(tmp_path: Path) -> None:
+    """Issue 24: four ranks flooding one pipe, as torchrun's workers share its stdout.
+    Before, a 64 KiB write was cut wherever the pipe filled and another rank's
+    lines landed inside a line (dozens of these 20,000 lines)."""
+    burst, n = write_burst(tmp_path), 5_000
+    r, w = os.pipe()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "wrap_rank", str(rank), "--", sys.executable, str(burst),
+             str(rank), str(n)],
+            stdout=w, stderr=w, stdin=subprocess.DEVNULL, env=_env(),
+        )
+        for rank in range(4)
+    ]
+    os.close(w)
+    with os.fdopen(r, "rb") as reader:
+        out = reader.read()
+    assert [p.wait(timeout=60) for p in procs] == [0] * 4
+    assert problems(out, 4, n) == []
 
 
 def test_stdin_is_inherited() -> None:

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from wrap_rank._lines import LINE_CAP, LinePrefixer
+from wrap_rank._out import SharedOutput, write_all
 
 #: Environment variable naming the directory for ``rank-<N>.json`` exit
 #: records. Same spelling as ``determined_launch.envvars.WRAP_RANK_STATUS_DIR``
@@ -158,23 +159,12 @@ def _spawn(cmd: list[str], stdout_fd: int | None, stderr_fd: int | None) -> int:
     return os.posix_spawnp(cmd[0], cmd, os.environ, file_actions=actions, setsigdef=sigdef)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            # Our stdout is shared with whoever started us, and some parents
-            # make it non-blocking: wait for room instead of losing output.
-            select.select([], [fd], [])
-
-
 class _Stream:
     """One child pipe and where its prefixed lines go."""
 
     def __init__(self, read_fd: int, out_fd: int, prefix: bytes) -> None:
         self.read_fd = read_fd
-        self.out_fd = out_fd
+        self.out = SharedOutput(out_fd)
         self.lines = LinePrefixer(prefix)
 
     def pump(self) -> bool:
@@ -183,7 +173,7 @@ class _Stream:
         out = self.lines.feed(chunk) if chunk else self.lines.flush()
         if out:
             try:
-                _write_all(self.out_fd, out)
+                self.out.write(out)
             except OSError:
                 # Our reader went away: stop reading, so the child sees a
                 # broken pipe just as it would without wrap_rank.
@@ -229,7 +219,7 @@ def _forward_output(pid: int, streams: list[_Stream], wake_fd: int) -> int | Non
                 del by_fd[fd]
     for stream in by_fd.values():
         try:
-            _write_all(stream.out_fd, stream.lines.flush())
+            stream.out.write(stream.lines.flush())
         except OSError:
             pass
         os.close(stream.read_fd)
@@ -284,7 +274,7 @@ def write_status(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         try:
-            _write_all(fd, json.dumps(record).encode() + b"\n")
+            write_all(fd, json.dumps(record).encode() + b"\n")
         finally:
             os.close(fd)
         os.replace(tmp, final)

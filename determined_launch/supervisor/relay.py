@@ -13,6 +13,13 @@ prints whenever a job fails.
 Cost: one more pipe hop and a thread per stream, in C for chunks made only of
 worker lines (the usual case; see ``LineRouter.feed``). With
 ``--verbose`` nothing is relayed: the tool writes to our streams directly.
+
+Nothing a worker prints is lost here (issue 24): worker lines leave whole
+(a line cut by a read is held until its end, and writes go through
+``wrap_rank``'s ``SharedOutput``, as wrap_rank's own do), the relay reads
+its pipes to the end before the launcher exits, and a line on the tools'
+stdout that is not a tool's own log noise makes the log outlive even a
+successful job: it is what a worker printed without a label.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ import select
 import sys
 import tempfile
 import threading
+import time
 from typing import Optional
 
 from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
 from determined_launch.supervisor.events import Failure
+from wrap_rank._out import SharedOutput, write_all
 
 #: A line that passes through: wrap_rank's label (after a tool's own prefix,
 #: if any), or a message of ours.
@@ -36,6 +45,17 @@ _DECIDE_AT = 300
 #: Seconds an unfinished line head waits for more bytes before it is routed.
 _PAUSE = 0.1
 _READ = 65536
+#: A worker line is held for its end up to this many bytes (wrap_rank's cap
+#: plus room for labels), then passed on in pieces.
+_HOLD = 2 * _READ
+#: A tool's own log lines on stdout, as the tools print them (Python's and
+#: DeepSpeed's logging, glog, torchrun's banner, blank lines), after pdsh's
+#: ``host: ``. Any other unlabelled stdout line may be a worker's: kept.
+_NOISE = re.compile(
+    rb"(?:[^\s\[\]]{1,255}: )?\s*(?:$|\*{5,}\s*$"
+    rb"|\[\d{4}-\d\d-\d\d[ T][\d:.,]+\]|\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]"
+    rb"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:|[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ )"
+)
 #: Lines of the log printed when the tool itself is what failed.
 TAIL_LINES = 20
 
@@ -115,13 +135,9 @@ def labels_workers(argv: tuple[str, ...]) -> bool:
     return "wrap_rank" in argv and "--no-redirect-stdio" not in argv
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BlockingIOError:
-            select.select([], [fd], [])
+def not_noise(lines: bytes) -> bool:
+    """Whether any of these unlabelled stdout lines is not a tool's log noise."""
+    return any(not _NOISE.match(line) for line in lines.splitlines())
 
 
 class ToolOutput:
@@ -135,9 +151,16 @@ class ToolOutput:
     def __init__(self, log_path: str, tool_names: tuple[str, ...] = ()) -> None:
         self.log_path = log_path
         self.tool_names = tool_names
+        #: Set once an unlabelled stdout line that is not tool noise reached the log.
+        self.stdout_kept = False
         self._log_fd: Optional[int] = None
         self._lock = threading.Lock()
+        #: Every relay thread of the process writes our streams under this
+        #: lock (``SharedOutput``'s record lock keeps out other processes only).
+        self._out_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        #: thread ident -> when it began waiting for input (None: busy).
+        self._waiting: dict[Optional[int], Optional[float]] = {}
 
     def pipes(self) -> tuple[int, int]:
         """Write ends for a tool's stdout and stderr; the caller closes them
@@ -157,37 +180,69 @@ class ToolOutput:
     def pump(self, read_fd: int, out_fd: int) -> None:
         """Route one stream until its end (a relay thread's whole life)."""
         router = LineRouter()
+        out = SharedOutput(out_fd)
+        me = threading.get_ident()
+        held = b""  # our lines' unfinished end, written once the line is whole
         try:
             while True:
-                if router.holding and not select.select([read_fd], [], [], _PAUSE)[0]:
-                    self._route(out_fd, *router.flush())
+                self._waiting[me] = time.monotonic()
+                if (router.holding or held) and not select.select([read_fd], [], [], _PAUSE)[0]:
+                    self._waiting[me] = None
+                    ours, tool = router.flush()
+                    held = self._pass(out, held + ours, True)
+                    self._log(out_fd, tool)
                     continue
                 chunk = os.read(read_fd, _READ)
+                self._waiting[me] = None
                 if not chunk:
                     break
-                self._route(out_fd, *router.feed(chunk))
-            self._route(out_fd, *router.flush())
+                ours, tool = router.feed(chunk)
+                held = self._pass(out, held + ours, False)
+                self._log(out_fd, tool)
+            ours, tool = router.flush()
+            self._pass(out, held + ours, True)
+            self._log(out_fd, tool)
         except OSError:
             pass  # our stream went away: the tool sees a broken pipe, as without us
         finally:
+            self._waiting[me] = None
             os.close(read_fd)
 
-    def _route(self, out_fd: int, ours: bytes, tool: bytes) -> None:
-        if ours:
-            _write_all(out_fd, ours)
-        if tool:
-            with self._lock:
-                if self._log_fd is None:
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-                    self._log_fd = os.open(self.log_path, flags, 0o600)
-                _write_all(self._log_fd, tool)
+    def _pass(self, out: SharedOutput, ours: bytes, everything: bool) -> bytes:
+        """Write ``ours`` up to its last whole line (all of it if
+        ``everything`` or too long to hold); return what is held back."""
+        cut = len(ours) if everything else ours.rfind(b"\n") + 1
+        if len(ours) - cut > _HOLD:
+            cut = len(ours)
+        if cut:
+            with self._out_lock:
+                out.write(ours[:cut])
+        return ours[cut:]
+
+    def _log(self, out_fd: int, tool: bytes) -> None:
+        if not tool:
+            return
+        with self._lock:
+            if out_fd == 1 and not self.stdout_kept and not_noise(tool):
+                self.stdout_kept = True
+            if self._log_fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+                self._log_fd = os.open(self.log_path, flags, 0o600)
+            write_all(self._log_fd, tool)
 
     def close(self, timeout: float = 2.0) -> None:
         """Wait for the relays to reach the end of their pipes (every
-        descendant is gone by now, so that is prompt), then close the log.
-        Bounded: a pipe still held by an unkillable process is abandoned."""
+        descendant is gone by now, so that is prompt however much is still
+        to pass: a relay writing to a slow reader is waited for), then close
+        the log. Bounded: a relay that has waited ``timeout`` seconds for
+        input from a pipe that an unkillable process still holds is
+        abandoned."""
         for thread in self._threads:
-            thread.join(timeout)
+            while thread.is_alive():
+                thread.join(0.05)
+                since = self._waiting.get(thread.ident)
+                if since is not None and time.monotonic() - since > timeout:
+                    break
         with self._lock:
             if self._log_fd is not None:
                 os.close(self._log_fd)
@@ -231,12 +286,14 @@ def report_tool_log(output: ToolOutput, status: int, cause: Optional[Failure], n
     """After the job: what the summary line says about the tools' log.
 
     A failed job keeps the log (the job directory is deleted) and the
-    summary names it. When the tool itself is what failed first (a bad
-    torchrun flag, horovodrun unable to reach a host), no worker line
-    explains why, so the log's last lines are printed too.
+    summary names it; so does a successful one whose tools' stdout carried
+    a line that is not their log noise (a worker's, unlabelled: never
+    deleted). When the tool itself is what failed first (a bad torchrun
+    flag, horovodrun unable to reach a host), no worker line explains why,
+    so the log's last lines are printed too.
     """
     output.close()
-    if status in (EXIT_OK, EXIT_PREEMPTED):
+    if status in (EXIT_OK, EXIT_PREEMPTED) and not output.stdout_kept:
         return ""
     kept = output.keep("det-launch-tools-")
     if kept is None:

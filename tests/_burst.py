@@ -1,0 +1,68 @@
+"""Ranks writing lines as fast as they can, and the check that every line
+arrived whole, labelled with its own rank, exactly once and in order
+(issue 24: the load test of wrap_rank and the launchers' relay)."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+#: A worker: ``python BURST [RANK] N`` writes N lines (RANK defaults to
+#: $RANK), most 0-300 bytes, every 50th 4-60 KiB: longer than a pipe's
+#: atomic write (4 KiB), within wrap_rank's 64 KiB cap.
+BURST = '''
+import os, random, sys
+args = sys.argv[1:]
+rank = int(args.pop(0)) if len(args) > 1 else int(os.environ["RANK"])
+n = int(args[0])
+rnd = random.Random(rank)
+def size(i):
+    return rnd.randrange(4096, 61440) if i % 50 == 49 else rnd.randrange(0, 301)
+data = b"".join(b"R%d L%d %s\\n" % (rank, i, b"x" * size(i)) for i in range(n))
+view = memoryview(data)
+while view:
+    view = view[os.write(1, view[: 1 << 20]):]
+'''
+
+
+def write_burst(directory: Path) -> Path:
+    path = directory / "burst.py"
+    path.write_text(BURST)
+    return path
+
+
+def expected(rank: int, n: int) -> list[bytes]:
+    """What ``BURST`` writes as ``rank``, line by line."""
+    rnd = random.Random(rank)
+
+    def size(i: int) -> int:
+        return rnd.randrange(4096, 61440) if i % 50 == 49 else rnd.randrange(0, 301)
+
+    return [b"R%d L%d %s" % (rank, i, b"x" * size(i)) for i in range(n)]
+
+
+_LABEL = re.compile(rb"\[rank=(\d+)\] ")
+
+
+def problems(out: bytes, ranks: int, n: int) -> list[str]:
+    """Empty when ``out`` holds each rank's lines whole, labelled with that
+    rank, exactly once and in order (other ranks' lines between them)."""
+    got: dict[int, list[bytes]] = {r: [] for r in range(ranks)}
+    bad = []
+    for line in out.split(b"\n")[:-1]:
+        m = _LABEL.match(line)
+        if m is None or int(m.group(1)) not in got:
+            bad.append(line)
+        else:
+            got[int(m.group(1))].append(line[m.end():])
+    found = [f"{len(bad)} unlabelled lines, first {bad[0][:80]!r}"] if bad else []
+    for rank, lines in got.items():
+        want = expected(rank, n)
+        if lines != want:
+            mine = set(want)
+            wrong = sum(1 for line in lines if line not in mine)
+            found.append(f"rank {rank}: {len(lines)} lines of {n}, {wrong} not its own")
+    if not out.endswith(b"\n"):
+        found.append("output does not end with a newline")
+    return found
