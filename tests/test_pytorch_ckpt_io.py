@@ -397,6 +397,18 @@ def test_copy_code_excludes_storage_rundir_and_defaults(tmp_path: Path) -> None:
     assert stats.files == 5 and stats.skipped_reason is None
 
 
+def test_copy_code_leaves_out_the_default_experiment_and_run_directories(tmp_path: Path
+                                                                        ) -> None:
+    # A model directory that ran `det-launch experiment` holds every trial's checkpoints.
+    src = tmp_path / "model"
+    for rel in ["model_def.py", "det_experiments/exp/trials/1/output.log",
+                "det_experiments/exp/checkpoints/abc/state_dict.pth", "det_runs/local/x.jsonl"]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text("x")
+    stats = ckio.copy_code(src, tmp_path / "code")
+    assert _tree(tmp_path / "code") == {"model_def.py"} and stats.files == 1
+
+
 def test_copy_code_never_follows_symlinks(tmp_path: Path) -> None:
     src = tmp_path / "work"
     src.mkdir()

@@ -9,7 +9,8 @@ checkpoint would contain all earlier ones. The copy therefore leaves out:
 * the paths given in ``exclude`` (checkpoint storage, run directory) and the
   destination itself;
 * Determined's default ignore list, plus ``runs/`` (TensorBoard's default
-  directory), ``./det_runs/`` (the default runs root) and tool caches, plus
+  directory), ``./det_runs/`` (the default runs root), ``./det_experiments/``
+  (``det-launch experiment``'s default directory) and tool caches, plus
   the patterns of a ``.detignore`` file in the source root (a gitignore
   subset: ``#`` comments, ``!`` negation, ``dir/`` for directories only,
   ``/x`` or ``a/b`` anchored at the root, ``*``/``?``/``[...]`` wildcards);
@@ -53,6 +54,7 @@ DEFAULT_IGNORE = (
     "/shared_fs",
     "runs/",
     "/det_runs/",  # the default root of run directories and checkpoint storage
+    "/det_experiments/",  # det-launch experiment's default directory (trials, checkpoints)
     ".pytest_cache/",
     ".ruff_cache/",
     ".tox/",
