@@ -13,9 +13,12 @@ Byte stream, per connection::
     then both ways:       8-byte big-endian length + one ``wire`` frame
 
 Until the peer has authenticated (``trust``), frames over 4 KiB close the
-connection, so an unauthenticated client cannot make us buffer gigabytes.
-Anything that is not a preamble (a ZeroMQ greeting, HTTP, random bytes)
-closes the connection and counts as a dropped frame.
+connection, so an unauthenticated client cannot make us buffer gigabytes,
+and a connection not authenticated within ``HANDSHAKE_S`` of its accept is
+closed, so idle clients cannot hold our file descriptors. Anything that is
+not a preamble (a ZeroMQ greeting, HTTP, random bytes) closes the connection
+and counts as a dropped frame. Out of file descriptors (``EMFILE``), the hub
+logs once, stops accepting for a moment and keeps serving its members.
 
 Liveness: a process that dies closes its sockets, which the other side
 sees at once as end-of-file; TCP keepalive and ``TCP_USER_TIMEOUT`` cover a
@@ -30,6 +33,7 @@ ZeroMQ socket there is no background thread to finish them later.
 from __future__ import annotations
 
 import errno
+import logging
 import select
 import socket
 import time
@@ -45,12 +49,22 @@ from determined_launch.core.distributed.transport.stream import (
     POLL_OUT,
     PRE_LEN,
     PREAMBLE,
+    UNTRUSTED_MAX,
     Conn,
     framed,
     parse_addr,
     passed,
     tune,
 )
+
+logger = logging.getLogger("determined_launch.core.distributed")
+
+#: Seconds a connection may stay unauthenticated (as the control port's).
+HANDSHAKE_S = 10.0
+#: Seconds without accepting after the process ran out of file descriptors.
+ACCEPT_PAUSE_S = 0.5
+#: accept() errors that mean "no resources now", not "this connection failed"
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class DirectHubChannel:
@@ -66,6 +80,9 @@ class DirectHubChannel:
         self._by_rid: dict[bytes, Conn] = {}
         self._ready: deque[tuple[bytes, bytes]] = deque()
         self._scratch = memoryview(bytearray(CHUNK))
+        self._next_sweep = 0.0
+        self._paused_until: Optional[float] = None  # accepts paused (out of descriptors)
+        self._exhausted_logged = False
 
     def bind(self, addr: str) -> str:
         family, sockaddr = parse_addr(addr)
@@ -96,7 +113,11 @@ class DirectHubChannel:
         return self._ready.popleft()
 
     def _pump(self, timeout_ms: int) -> None:
-        for fd, events in self._poll.poll(timeout_ms):
+        ready = self._poll.poll(timeout_ms)
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        for fd, events in ready:
             if fd == self._listen_fd:
                 self._accept()
                 continue
@@ -114,6 +135,17 @@ class DirectHubChannel:
             if events & POLL_IN:
                 self._read(conn)
 
+    def _sweep(self, now: float) -> None:
+        """Close connections that never authenticated; resume paused accepts."""
+        self._next_sweep = now + 1.0
+        for conn in list(self._by_fd.values()):
+            if conn.limit == UNTRUSTED_MAX and now - conn.born > HANDSHAKE_S:
+                self._reject(conn, f"no handshake within {HANDSHAKE_S:g}s")
+        if self._paused_until is not None and now >= self._paused_until:
+            self._paused_until = None
+            if self._listen_fd >= 0:
+                self._poll.register(self._listen_fd, select.POLLIN)
+
     def _accept(self) -> None:
         if self._listener is None:  # pragma: no cover
             return
@@ -122,12 +154,29 @@ class DirectHubChannel:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # pragma: no cover - e.g. EMFILE; try again later
-                return
+            except OSError as e:
+                if e.errno in _EXHAUSTED:
+                    self._pause_accepts(e)
+                    return
+                continue  # this connection failed (ECONNABORTED, ...): take the next
             tune(sock)
             conn = Conn(sock, None)
             self._by_fd[conn.fd] = conn
             self._poll.register(conn.fd, POLL_IN)
+
+    def _pause_accepts(self, error: OSError) -> None:
+        """The listener stays readable while accept() fails: stop polling it
+        for a moment instead of spinning (``_sweep`` resumes)."""
+        if not self._exhausted_logged:
+            self._exhausted_logged = True
+            logger.warning("DistributedContext on %s cannot accept connections (%s); "
+                           "serving its members, retrying every %gs, closing connections "
+                           "not authenticated within %gs", self._where,
+                           error.strerror or error, ACCEPT_PAUSE_S, HANDSHAKE_S)
+        self._poll.unregister(self._listen_fd)
+        now = time.monotonic()
+        self._paused_until = now + ACCEPT_PAUSE_S
+        self._next_sweep = min(self._next_sweep, self._paused_until)
 
     def _read(self, conn: Conn) -> None:
         if conn.rid is None:

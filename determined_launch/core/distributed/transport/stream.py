@@ -67,7 +67,7 @@ def passed(deadline: Optional[float]) -> bool:
 class Conn:
     """One stream: its socket, unparsed input, unsent output."""
 
-    __slots__ = ("sock", "fd", "buf", "rid", "limit", "out", "alive", "problem")
+    __slots__ = ("sock", "fd", "buf", "rid", "limit", "out", "alive", "problem", "born")
 
     def __init__(self, sock: socket.socket, rid: Optional[bytes]) -> None:
         self.sock = sock
@@ -78,6 +78,7 @@ class Conn:
         self.out: deque[memoryview] = deque()
         self.alive = True
         self.problem = ""
+        self.born = time.monotonic()
 
     def push(self, chunks: tuple[memoryview, ...]) -> None:
         """Queue a framed message (``framed``) and write what the socket

@@ -44,6 +44,9 @@ _SOCKOPTS = {
     zmq.HEARTBEAT_IVL: 1000,
     zmq.HEARTBEAT_TIMEOUT: 4000,
     zmq.HEARTBEAT_TTL: 6000,
+    # a connection that has not finished ZMTP's greeting within 10 s is closed
+    # (libzmq's default is 30 s), as the direct transport and the control port do
+    zmq.HANDSHAKE_IVL: 10000,
 }
 _LARGE = 64 * 1024  # frames at least this big are shared by the sends to each member
 
