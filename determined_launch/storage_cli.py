@@ -5,9 +5,11 @@
 
 STORAGE is anything ``core.init(checkpoint_storage=...)`` accepts: a
 directory, a URL (s3://, gs://, az://, file://) or a YAML file with a
-``checkpoint_storage`` block. ``gc`` reports what interrupted saves left
-(files without a commit marker) and removes them only with ``--remove``;
-committed checkpoints are never touched.
+``checkpoint_storage`` block. ``list`` prints ``<storage id>\t<metadata>``
+per committed checkpoint, by the metadata's ``steps_completed`` (newest
+last). ``gc`` reports what interrupted saves left (files without a commit
+marker) and removes them only with ``--remove``; committed checkpoints are
+never touched.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from determined_launch.core.storage import open_storage, parse_storage
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
@@ -25,13 +28,25 @@ def _parser() -> argparse.ArgumentParser:
                 description="List committed checkpoints, or find and remove what "
                             "interrupted saves left behind.")
     sub = p.add_subparsers(dest="action", required=True)
-    ls = sub.add_parser("list", help="committed checkpoints with their metadata")
+    ls = sub.add_parser("list", help="committed checkpoints with their metadata, by "
+                                     "steps_completed (newest last)")
     ls.add_argument("storage", help="directory, URL or YAML file with a checkpoint_storage block")
     gc = sub.add_parser("gc", help="report leftovers of interrupted saves")
     gc.add_argument("storage", help="directory, URL or YAML file with a checkpoint_storage block")
     gc.add_argument("--remove", action="store_true",
                     help="delete the leftovers (never while a job is saving to this storage)")
     return p
+
+
+def by_step(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """Oldest first, newest last: by ``steps_completed`` (Determined's
+    checkpoint metadata), those without it first; storage ids break ties."""
+    def key(row: tuple[str, dict[str, Any]]) -> tuple[int, float, str]:
+        steps = row[1].get("steps_completed") if isinstance(row[1], dict) else None
+        if isinstance(steps, (int, float)) and not isinstance(steps, bool):
+            return (1, float(steps), row[0])
+        return (0, 0.0, row[0])
+    return sorted(rows, key=key)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -50,8 +65,8 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 1
     if ns.action == "list":
-        for sid in committed:
-            print(f"{sid}\t{backend.get_metadata(sid)}")
+        for sid, metadata in by_step([(sid, backend.get_metadata(sid)) for sid in committed]):
+            print(f"{sid}\t{metadata}")
         return 0
     print(f"{backend.url}: {len(committed)} committed checkpoint(s), "
           f"{len(leftovers)} leftover(s) of interrupted saves")

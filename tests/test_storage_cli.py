@@ -1,0 +1,38 @@
+"""``det-launch checkpoints list``: committed checkpoints by step, newest last."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+from determined_launch import core
+from determined_launch.cluster import ClusterInfo
+from determined_launch.storage_cli import by_step
+from tests.conftest import REPO, base_env
+
+
+def test_list_orders_by_steps_completed(tmp_path: pathlib.Path) -> None:
+    info = ClusterInfo(container_addrs=("127.0.0.1",), container_rank=0,
+                       container_slot_counts=(1,), slot_ids=(0,), source="test")
+    storage = tmp_path / "ck"
+    ids = {}
+    with core.init(info=info, run_dir=str(tmp_path / "run"),
+                   checkpoint_storage=str(storage)) as ctx:
+        for steps in (30, 5, 200, 12, 100, 7):  # uuids in another order (1 in 720 the same)
+            with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, sid):
+                (path / "w").write_text(str(steps))
+            ids[sid] = steps
+        with ctx.checkpoint.store_path({"note": "no steps"}) as (path, unnumbered):
+            (path / "w").write_text("x")
+    out = subprocess.run([sys.executable, "-m", "determined_launch.cli", "checkpoints", "list",
+                          str(storage)], capture_output=True, text=True, env=base_env(),
+                         cwd=REPO, timeout=60, check=True)
+    listed = [line.split("\t")[0] for line in out.stdout.splitlines()]
+    assert listed == [unnumbered] + sorted(ids, key=ids.__getitem__), out.stdout
+
+
+def test_by_step_ties_and_odd_metadata() -> None:
+    rows = [("b", {"steps_completed": 2}), ("a", {"steps_completed": 2}),
+            ("c", {"steps_completed": True}), ("d", {"steps_completed": 1.5}), ("e", {})]
+    assert [sid for sid, _ in by_step(rows)] == ["c", "e", "d", "a", "b"]
