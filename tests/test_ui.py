@@ -67,7 +67,7 @@ def test_streams_read_only_what_was_appended(tmp_path: pathlib.Path) -> None:
         f.write('pleted": 3, "metrics": {"loss": 0.25, "acc": 1}}\n')
     table = streams.get(str(path), roots)
     assert [r["metrics"] for r in table.rows()][2] == {"loss": 0.25, "acc": 1}
-    entry = streams._entries[os.path.realpath(path)]
+    entry = streams._entries[str(path)]
     assert entry.offset == path.stat().st_size
     path.write_text('{"steps_completed": 9, "metrics": {"x": 1}}\n')  # replaced: read again
     assert [r["steps_completed"] for r in streams.get(str(path), roots).rows()] == [9]
@@ -83,6 +83,16 @@ def test_confinement_refuses_symlinks_out_of_the_tree(tmp_path: pathlib.Path) ->
     assert files.read_text(str(root / "ok.txt"), [str(root)]) == "fine\n"
     assert files.read_text(str(root / "link.txt"), [str(root)]) is None
     assert files.read_text(str(root / ".." / "outside.txt"), [str(root)]) is None
+    # A stream read once, then swapped for a symlink out of the tree, is refused.
+    streams = files.Streams()
+    stream = root / "training.jsonl"
+    stream.write_text('{"steps_completed": 1, "metrics": {"loss": 1}}\n')
+    assert len(streams.get(str(stream), [str(root)])) == 1
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"steps_completed": 7, "metrics": {"pin": 1234}}\n')
+    stream.unlink()
+    stream.symlink_to(secret)
+    assert len(streams.get(str(stream), [str(root)])) == 0
 
 
 def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:

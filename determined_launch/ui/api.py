@@ -7,6 +7,7 @@ server's 404). Nothing here writes: the UI is a reader beside the flow.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -47,6 +48,9 @@ class Api:
         self.roots = self.catalog.roots
         self.runs_reader = RunReader(self.roots)
         self.studies = Studies(study_storage)
+        #: rows of finished trials, which never change: (exp_dir, number) -> row
+        self._final_rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self._final_points: dict[tuple[str, int], list[Any]] = {}
 
     # -- experiments ---------------------------------------------------------------
 
@@ -73,7 +77,7 @@ class Api:
         searcher = _section(record, "searcher")
         smaller = bool(searcher.get("smaller_is_better", True))
         trials, error = self._study(exp_dir, record)
-        rows = [self._row(exp_dir, t, smaller, light=True) for t in trials]
+        rows = [self._row(exp_dir, t, smaller) for t in trials]
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -92,6 +96,17 @@ class Api:
             "storage": shape.redact(record.get("storage")) or "journal file",
             "path": exp_dir, "error": error})
 
+    def warm_up(self) -> None:
+        """Read every experiment's study and trial files once (the server
+        does this at start, so the first page of a 10,000-trial experiment is
+        served from memory)."""
+        for name in self.catalog.experiments():
+            try:
+                self.curves(name)
+            except Exception as e:  # noqa: BLE001 (the page shows it again, as a 500)
+                print(f"det-launch ui: experiment {name}: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
+
     def trials(self, name: str) -> Optional[list[dict[str, Any]]]:
         exp_dir = self.catalog.experiments().get(name)
         if exp_dir is None:
@@ -100,19 +115,41 @@ class Api:
         searcher = _section(record, "searcher")
         smaller = bool(searcher.get("smaller_is_better", True))
         trials, _ = self._study(exp_dir, record)
-        return [shape.finite(self._row(exp_dir, t, smaller)) for t in trials]
+        return [self._row(exp_dir, t, smaller) for t in trials]
 
     def curves(self, name: str) -> Optional[list[dict[str, Any]]]:
         """The searcher metric against length for every trial (the study's reports)."""
         exp_dir = self.catalog.experiments().get(name)
         if exp_dir is None:
             return None
-        trials, _ = self._study(exp_dir, self._record(exp_dir))
-        return [shape.finite({"trial_id": t.number + 1, "state": _trial_state(t),
-                              "points": sorted(t.intermediate_values.items())})
-                for t in trials]
+        record = self._record(exp_dir)
+        smaller = bool(_section(record, "searcher").get("smaller_is_better", True))
+        trials, _ = self._study(exp_dir, record)
+        out = []
+        for t in trials:
+            row = self._row(exp_dir, t, smaller)
+            key = (exp_dir, t.number)
+            points = self._final_points.get(key) if key in self._final_rows else None
+            if points is None:
+                points = shape.finite(sorted(t.intermediate_values.items()))
+                if key in self._final_rows:
+                    self._final_points[key] = points
+            out.append({"trial_id": row["trial_id"], "state": row["state"], "points": points})
+        return out
 
-    def _row(self, exp_dir: str, t: Any, smaller: bool, light: bool = False) -> dict[str, Any]:
+    def _row(self, exp_dir: str, t: Any, smaller: bool) -> dict[str, Any]:
+        """A trial table row. A finished trial's row is computed once: with
+        10,000 trials a poll then costs the running trials' files only."""
+        key = (exp_dir, t.number)
+        row = self._final_rows.get(key)
+        if row is not None and row["end"] == _ts(t.datetime_complete):
+            return row
+        row = self._compute_row(exp_dir, t, smaller)
+        if t.datetime_complete is not None and t.state.name != "RUNNING":
+            self._final_rows[key] = row
+        return row
+
+    def _compute_row(self, exp_dir: str, t: Any, smaller: bool) -> dict[str, Any]:
         from determined_launch.experiment import report
 
         values = t.intermediate_values
@@ -124,12 +161,11 @@ class Api:
             "latest_value": values[length] if length is not None else None,
             "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
             "error": shape.redact(t.user_attrs.get("det_error"))}
-        if not light:
-            run_dir = self.trial_dir_of(exp_dir, t.number + 1)
-            row["checkpoints"] = sum(1 for c in self.runs_reader.table(
-                run_dir, "checkpoints").records if c.get("storage_id"))
-            row["restarts"] = self.runs_reader.regressions(run_dir)
-        return row
+        run_dir = self.trial_dir_of(exp_dir, t.number + 1)
+        row["checkpoints"] = sum(1 for c in self.runs_reader.table(
+            run_dir, "checkpoints").records if c.get("storage_id"))
+        row["restarts"] = self.runs_reader.regressions(run_dir)
+        return shape.finite(row)
 
     def trial_dir_of(self, exp_dir: str, trial_id: int) -> str:
         return os.path.join(exp_dir, "trials", str(int(trial_id)))

@@ -13,6 +13,7 @@ import functools
 import os
 import secrets
 import sys
+import threading
 from collections.abc import Sequence
 
 from determined_launch import config, values
@@ -87,6 +88,9 @@ def main(argv: Sequence[str]) -> int:
     except LaunchError as e:
         print(f"det-launch ui: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
+    # Read what is there once, beside serving: a 10,000-trial study is then in memory
+    # by the time someone opens its page.
+    threading.Thread(target=server.api.warm_up, daemon=True, name="warm-up").start()
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:

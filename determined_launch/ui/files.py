@@ -15,6 +15,7 @@ Two rules every read follows:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -27,11 +28,17 @@ from typing import Any, Optional
 CHUNK = 8 << 20
 
 
+@functools.lru_cache(maxsize=64)
+def _base(root: str) -> str:
+    """A served root's real path (resolved once: the roots are fixed at start)."""
+    return os.path.realpath(root)
+
+
 def confined(path: str, roots: Sequence[str]) -> Optional[str]:
     """``path``'s real path if it lies under a root's real path, else None."""
     real = os.path.realpath(path)
     for root in roots:
-        base = os.path.realpath(root)
+        base = _base(root)
         if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
             return real
     return None
@@ -140,23 +147,31 @@ class Streams:
         self._lock = threading.Lock()
 
     def get(self, path: str, roots: Sequence[str]) -> Table:
-        """The stream's rows so far (an empty table if missing or outside)."""
+        """The stream's rows so far (an empty table if missing or outside).
+
+        An unchanged file costs one ``stat``: the same inode, size and mtime
+        as when its real path was checked. Any change (a file swapped for a
+        symlink out of the tree is another inode) checks the path again."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return Table()
+        key = (st.st_dev, st.st_ino)
+        entry = self._entries.get(path)
+        if (entry is not None and entry.key == key and entry.size == st.st_size
+                and entry.mtime == st.st_mtime_ns):
+            return entry.table
         real = confined(path, roots)
         if real is None:
             return Table()
-        try:
-            st = os.stat(real)
-        except OSError:
-            return Table()
         with self._lock:
-            entry = self._entries.setdefault(real, _Entry())
+            entry = self._entries.setdefault(path, _Entry())
         with entry.lock:
-            key = (st.st_dev, st.st_ino)
             if key != entry.key or st.st_size < entry.offset:
                 entry.key, entry.offset, entry.table = key, 0, Table()  # replaced or truncated
             elif st.st_size == entry.size and st.st_mtime_ns == entry.mtime:
                 return entry.table
-            self._follow(real, entry)
+            self._follow(real, entry)  # the stat above may be older: offsets rule
             entry.size, entry.mtime = st.st_size, st.st_mtime_ns
             return entry.table
 

@@ -31,6 +31,8 @@ class RunReader:
         self._sizes: dict[str, Optional[int]] = {}  # committed checkpoints never change
         self._events: dict[str, tuple[tuple[int, int], list[str]]] = {}
         self._lock = threading.Lock()
+        self._downsampled: dict[tuple[str, str, int],
+                                tuple[files.Table, int, list[dict[str, Any]]]] = {}
 
     def table(self, run_dir: str, group: str) -> files.Table:
         if not GROUP.match(group):
@@ -52,8 +54,14 @@ class RunReader:
         ``since``; with ``max_points``, the rows that keep each metric's shape."""
         table = self.table(run_dir, group)
         if max_points is not None and len(table) > max_points:
-            rows: Sequence[int] = shape.downsample(table.columns, max_points)
-            return [shape.finite(r) for r in table.rows(rows)]
+            key = (run_dir, group, max_points)
+            hit = self._downsampled.get(key)
+            if hit is None or hit[0] is not table or hit[1] != len(table):
+                # once per growth of the stream, however many tabs ask
+                rows = [shape.finite(r) for r in
+                        table.rows(shape.downsample(table.columns, max_points))]
+                hit = self._downsampled[key] = (table, len(table), rows)
+            return hit[2]
         return [shape.finite(r) for r in table.rows(range(max(0, since), len(table)))]
 
     def last_step(self, run_dir: str) -> Optional[int]:

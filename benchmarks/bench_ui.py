@@ -1,0 +1,193 @@
+"""``det-launch ui`` at scale (issue 25's targets).
+
+    python benchmarks/bench_ui.py [--trials 10000] [--points 1000000] [--tabs 20]
+
+Each measured against a real ``det-launch ui`` subprocess over HTTP on loopback:
+
+* **experiment page data**: an experiment of ``--trials`` trials in a journal
+  study (each with a trial directory: validation.jsonl, checkpoints.jsonl);
+  the three requests the page makes (summary, trials, searcher_metric), cold
+  (first request, the journal replayed and every trial's files parsed) and
+  warm (the next poll). Beside it, Optuna alone on the same journal:
+  ``optuna.load_study(...).get_trials()`` in a fresh process.
+* **home page data**: ``/api/v1/experiments`` + ``/api/v1/runs``.
+* **a 1,000,000-point chart**: a run whose training.jsonl has ``--points``
+  reports; ``metrics?max_points=1000`` cold and warm, the server's RSS after.
+* **tabs following**: ``--tabs`` clients polling a trial page's requests
+  each second (with If-None-Match, as the pages do) for 10 s while the run
+  grows; the server's CPU time / wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from typing import Any, Optional
+
+import psutil
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def build_experiment(root: pathlib.Path, n: int) -> None:
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from determined_launch.experiment import searchers as se
+
+    exp = root / "det_experiments" / "big"
+    (exp / "trials").mkdir(parents=True)
+    (exp / "experiment.json").write_text(json.dumps({
+        "name": "big", "storage": None, "storage_has_password": False,
+        "searcher": {"name": "random", "metric": "loss", "smaller_is_better": True,
+                     "max_trials": n}}))
+    storage = se.open_storage(None, str(exp / "study.journal"))
+    study = optuna.create_study(study_name="big", storage=storage)
+    dist = {"lr": FloatDistribution(1e-4, 1.0, log=True),
+            "width": CategoricalDistribution([32, 64, 128])}
+    trials = []
+    for i in range(n):
+        values = {25 * k: 1.0 / (k + 1) + i * 1e-6 for k in range(1, 5)}
+        params = {"lr": 10 ** (-4 + 4 * (i % 97) / 97), "width": [32, 64, 128][i % 3]}
+        trials.append(optuna.trial.create_trial(
+            params=params, distributions=dist, intermediate_values=values,
+            value=values[100], user_attrs={se.ATTR_HPARAMS: params}))
+        d = exp / "trials" / str(i + 1)
+        d.mkdir()
+        with open(d / "validation.jsonl", "w") as f:
+            for step, v in values.items():
+                f.write(json.dumps({"steps_completed": step, "metrics": {"loss": v},
+                                    "time": 1.0, "trial_id": i + 1}) + "\n")
+        (d / "checkpoints.jsonl").write_text(json.dumps(
+            {"storage_id": f"ck-{i}", "steps_completed": 100, "time": 1.0}) + "\n")
+    study.add_trials(trials)
+
+
+def build_run(root: pathlib.Path, points: int) -> pathlib.Path:
+    run = root / "det_runs" / "long"
+    run.mkdir(parents=True)
+    with open(run / "training.jsonl", "w") as f:
+        for i in range(points):
+            f.write(f'{{"metrics": {{"loss": {1.0 / (i + 1):.6g}, "lr": 0.001}}, '
+                    f'"steps_completed": {i + 1}, "time": {1.7e9 + i}, "trial_id": null}}\n')
+    return run
+
+
+class Server:
+    def __init__(self, root: pathlib.Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "determined_launch.cli", "ui",
+                                      "--port", "0"], cwd=root, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"(http://\S+/)", line)
+        assert m, line
+        self.url = m.group(1)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def get(self, path: str, etag: Optional[str] = None) -> tuple[float, int, Optional[str]]:
+        headers = {"If-None-Match": etag} if etag else {}
+        t = time.perf_counter()
+        req = urllib.request.Request(self.url + path.lstrip("/"), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 (loopback)
+                r.read()
+                status, tag = r.status, r.headers.get("ETag")
+        except urllib.error.HTTPError as e:
+            status, tag = e.code, etag
+        return time.perf_counter() - t, status, tag
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def timed(server: Server, paths: list[str]) -> float:
+    return sum(server.get(p)[0] for p in paths)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=10_000)
+    ap.add_argument("--points", type=int, default=1_000_000)
+    ap.add_argument("--tabs", type=int, default=20)
+    args = ap.parse_args()
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        t = time.perf_counter()
+        build_experiment(root, args.trials)
+        run = build_run(root, args.points)
+        print(f"fixtures built in {time.perf_counter() - t:.1f} s", flush=True)
+        code = ("import time, optuna; optuna.logging.set_verbosity(optuna.logging.WARNING); "
+                "from determined_launch.experiment import searchers as se; t=time.perf_counter(); "
+                f"s=optuna.load_study(study_name='big', storage=se.open_storage(None, "
+                f"'{root}/det_experiments/big/study.journal')); n=len(s.get_trials()); "
+                "print(time.perf_counter()-t)")
+        out["optuna_alone_s"] = float(subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            cwd=REPO).stdout.split()[-1])
+        server = Server(root)
+        try:
+            exp = ["/api/v1/experiments/big", "/api/v1/experiments/big/trials",
+                   "/api/v1/experiments/big/searcher_metric"]
+            out["experiment_cold_s"] = timed(server, exp)
+            out["experiment_warm_s"] = min(timed(server, exp) for _ in range(3))
+            home = ["/api/v1/experiments", "/api/v1/runs"]
+            out["home_warm_s"] = min(timed(server, home) for _ in range(3))
+            chart = "/api/v1/runs/long/metrics?group=training&max_points=1000"
+            out["chart_cold_s"] = server.get(chart)[0]
+            out["chart_warm_s"] = min(server.get(chart)[0] for _ in range(3))
+            out["rss_mib"] = server.ps.memory_info().rss / 2**20
+            out["tabs_cpu_pct"] = tabs(server, run, args.tabs)
+        finally:
+            server.stop()
+    out.update(trials=args.trials, points=args.points, tabs=args.tabs)
+    print(json.dumps(out, indent=1))
+
+
+def tabs(server: Server, run: pathlib.Path, n: int, seconds: float = 10.0) -> float:
+    """n clients polling a run page's requests each second while the run grows."""
+    paths = ["/api/v1/runs/long", "/api/v1/runs/long/metrics?group=training&max_points=1000",
+             "/api/v1/runs/long/checkpoints", "/api/v1/runs/long/logs"]
+    stop = time.monotonic() + seconds
+
+    def tab() -> None:
+        tags: dict[str, Optional[str]] = {}
+        while time.monotonic() < stop:
+            for p in paths:
+                tags[p] = server.get(p, tags.get(p))[2]
+            time.sleep(1.0)
+
+    def grow() -> None:
+        i = 0
+        while time.monotonic() < stop:
+            with open(run / "training.jsonl", "a") as f:
+                f.write(json.dumps({"metrics": {"loss": 1e-7}, "steps_completed": 2_000_000 + i,
+                                    "time": 1.8e9 + i}) + "\n")
+            i += 1
+            time.sleep(0.5)
+
+    before = sum(server.ps.cpu_times()[:2])
+    threads = [threading.Thread(target=tab) for _ in range(n)] + [threading.Thread(target=grow)]
+    t = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return 100 * (sum(server.ps.cpu_times()[:2]) - before) / (time.monotonic() - t)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONPATH", str(REPO))
+    main()
