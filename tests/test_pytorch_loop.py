@@ -202,6 +202,18 @@ def test_test_mode_trains_one_batch(tmp_path: Path) -> None:
     assert len(checkpoints(tmp_path)) == 1
 
 
+def test_test_mode_stays_out_of_the_runs_lineage(tmp_path: Path) -> None:
+    # A real run, then --test's fit in the same run directory: the rerun must resume from
+    # the real run's batch 3, not from the test's one-batch checkpoint.
+    run_trial(tmp_path, max_length=Batch(3))
+    pointer = (tmp_path / "run" / "latest_checkpoint.json").read_text()
+    run_trial(tmp_path, max_length=Batch(100), test_mode=True)
+    assert len(checkpoints(tmp_path)) == 2  # written (test mode checks checkpointing) ...
+    assert (tmp_path / "run" / "latest_checkpoint.json").read_text() == pointer  # ... not newest
+    run_trial(tmp_path, max_length=Batch(5), latest_checkpoint="latest")
+    assert len(batch_metrics(tmp_path)) == 3 + 1 + 2  # batches 4 and 5 (from 1: 4 batches)
+
+
 def test_step_zero_validation(tmp_path: Path) -> None:
     run_trial(tmp_path, max_length=Batch(2), step_zero_validation=True)
     val = reports(tmp_path, "validation")

@@ -78,6 +78,19 @@ class CheckpointContext:
         self._run_dir = run_dir
         #: Called on the chief after each commit (retention, TensorBoard sync).
         self._after_commit = after_commit
+        #: Commits stay out of the run's lineage (``outside_lineage``).
+        self._detached = False
+
+    @contextlib.contextmanager
+    def outside_lineage(self) -> Iterator[None]:
+        """Checkpoints committed in this block are not the run's: the pointer a
+        rerun resumes from, the run's log and retention ignore them (test mode,
+        which must never become the newest checkpoint of the real run)."""
+        self._detached = True
+        try:
+            yield
+        finally:
+            self._detached = False
 
     @property
     def storage_dir(self) -> Optional[pathlib.Path]:
@@ -282,6 +295,11 @@ class CheckpointContext:
 
     def _commit(self, storage_id: str, metadata: Mapping[str, Any],
                 files: Mapping[str, int]) -> None:
+        if self._detached:
+            self._backend.commit(storage_id, metadata, files)
+            logger.info("committed checkpoint %s to %s outside this run's lineage (a rerun does "
+                        "not resume from it)", storage_id, self._backend.url)
+            return
         previous = self.latest()
         self._run_dir.write_pointer(LATEST_POINTER, {"storage_id": previous,
                                                      "pending": storage_id})

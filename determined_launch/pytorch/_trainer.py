@@ -323,7 +323,11 @@ class Trainer:
             global_batch_size=self._context._global_batch_size,
             profiling_enabled=profiling_enabled,
         )
-        controller.run()
+        if test_mode:  # its checkpoint must never become the real run's newest
+            with self._core.checkpoint.outside_lineage():
+                controller.run()
+        else:
+            controller.run()
         self.last_validation_metrics = controller.last_validation_metrics
         self.latest_checkpoint = getattr(controller, "latest_storage_id", None) or resolved
 
