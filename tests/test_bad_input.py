@@ -28,6 +28,15 @@ def _info_file(content: bytes) -> Files:
     return make
 
 
+def _det_info_dir(rendezvous: bytes) -> Files:
+    def make(tmp: Path) -> dict[str, str]:
+        (tmp / "det-info").mkdir()
+        (tmp / "det-info" / "rendezvous.json").write_bytes(rendezvous)
+        return {"DET_INFO_DIR": str(tmp / "det-info")}
+
+    return make
+
+
 def _info(**fields: object) -> Files:
     return _info_file(json.dumps(fields).encode())
 
@@ -45,6 +54,17 @@ CASES: list[tuple[str, list[str], dict[str, str], Optional[Files], str]] = [
      _info(container_addrs=["not an address!!", "x"], container_rank=0,
            container_slot_counts=[1, 1]),
      "container_addrs[0]': \"not an address!!\" is not an IP address or host name"),
+    ("info-5000-digits", [], {}, _info_file(
+        b'{"container_addrs": ["127.0.0.1"], "container_rank": ' + b"9" * 5000
+        + b', "container_slot_counts": [1]}'), "an integer with 5000 digits (999999999999...)"),
+    ("rendezvous-5000-digits", [], {}, _det_info_dir(
+        b'{"container_addrs": ["127.0.0.1"], "container_rank": 0, '
+        b'"container_slot_counts": [' + b"1" * 5000 + b"]}"),
+     "rendezvous.json: an integer with 5000 digits"),
+    *[(f"info-unresolvable-host-rank-{rank}", [], {},
+       _info(container_addrs=["127.0.0.1", "no-such-node.invalid"], container_rank=rank,
+             container_slot_counts=[1, 1]),
+       "container_addrs: cannot resolve host 'no-such-node.invalid'") for rank in (0, 1)],
     ("info-too-many-nodes", [], {},
      _info(container_addrs=["h"] * 65537, container_rank=0, container_slot_counts=[1] * 65537),
      "65537 nodes; at most 65536"),

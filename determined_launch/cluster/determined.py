@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from determined_launch.cluster.base import Detection, Detector, NoMatch
-from determined_launch.cluster.info import ClusterInfo
+from determined_launch.cluster.info import ClusterInfo, HugeInteger, parse_json_int
 from determined_launch.errors import ClusterInfoError
 
 DEFAULT_INFO_DIR = "/run/determined/info"
@@ -27,9 +27,11 @@ INFO_DIR_ENV = "DET_INFO_DIR"
 def _read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f, parse_int=parse_json_int)
     except OSError as e:
         raise ClusterInfoError(f"Determined info file {path}: cannot read: {e.strerror}") from None
+    except HugeInteger as e:
+        raise ClusterInfoError(f"Determined info file {path}: {e}") from None
     except json.JSONDecodeError as e:
         raise ClusterInfoError(
             f"Determined info file {path}: invalid JSON at line {e.lineno}: {e.msg}"

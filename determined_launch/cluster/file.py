@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from determined_launch import envvars
 from determined_launch.cluster.base import Detection, Detector, NoMatch
+from determined_launch.cluster.hostlist import resolve_hosts
 from determined_launch.cluster.info import ClusterInfo
 
 ENV_VAR = envvars.CLUSTER_INFO_FILE
@@ -26,4 +28,10 @@ class ClusterInfoFile(Detector):
         path = env.get(ENV_VAR)
         if not path:
             return NoMatch(f"{ENV_VAR} is not set")
-        return ClusterInfo.from_json_file(path, source=self.name)
+        info = ClusterInfo.from_json_file(path, source=self.name)
+        if info.single_node:
+            return info  # nothing connects to another node by name
+        # Resolved once, up front, as the scheduler detectors do: a host no
+        # node can find fails here by name, not as a rendezvous timeout.
+        addrs = resolve_hosts(info.container_addrs, f"cluster info file {path}: container_addrs")
+        return dataclasses.replace(info, container_addrs=tuple(addrs))

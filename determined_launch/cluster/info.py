@@ -22,6 +22,9 @@ from determined_launch.errors import ClusterInfoError
 _MAX_FILE_BYTES = 16 * 1024 * 1024
 #: Integers in the file fit in 64 bits (ids, seeds, lengths).
 _MAX_INT = 2**63 - 1
+#: Digits of the longest integer literal a file may hold: Python refuses to
+#: convert over 4300 (a ValueError, not a JSON error), and nothing here needs 1000.
+_MAX_INT_DIGITS = 1000
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
@@ -36,6 +39,19 @@ def is_host_address(text: str) -> bool:
     if len(text) > 253:
         return False
     return all(_HOST_LABEL.fullmatch(label) for label in text.rstrip(".").split("."))
+
+
+class HugeInteger(ValueError):
+    """An integer literal too long to be anything but a mistake."""
+
+
+def parse_json_int(text: str) -> int:
+    """``parse_int`` for ``json.load``: a one-line error for a huge literal."""
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INT_DIGITS:
+        raise HugeInteger(f"an integer with {digits} digits ({text[:12]}...); "
+                          f"at most {_MAX_INT_DIGITS}")
+    return int(text)
 
 
 def _short(value: Any) -> str:
@@ -208,7 +224,9 @@ class ClusterInfo:
                 "write it as UTF-8 JSON"
             ) from None
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_int=parse_json_int)
+        except HugeInteger as e:
+            raise ClusterInfoError(f"{where}: {e}") from None
         except json.JSONDecodeError as e:
             raise ClusterInfoError(
                 f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
