@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -71,6 +70,24 @@ def test_streams_read_only_what_was_appended(tmp_path: pathlib.Path) -> None:
     assert entry.offset == path.stat().st_size
     path.write_text('{"steps_completed": 9, "metrics": {"x": 1}}\n')  # replaced: read again
     assert [r["steps_completed"] for r in streams.get(str(path), roots).rows()] == [9]
+
+
+def test_chart_rows_are_downsampled_and_the_raw_rows_complete(tmp_path: pathlib.Path) -> None:
+    with open(tmp_path / "training.jsonl", "w") as f:
+        for i in range(5000):
+            loss = 50.0 if i == 3210 else 1.0 / (i + 1)
+            f.write(json.dumps({"steps_completed": i + 1, "metrics": {"loss": loss}}) + "\n")
+    from determined_launch.ui.runs import RunReader
+
+    reader = RunReader([str(tmp_path)])
+    chart = reader.metrics(str(tmp_path), "training", max_points=100)
+    assert len(chart) <= 102
+    steps = [r["steps_completed"] for r in chart]
+    assert steps == sorted(steps) and 3211 in steps and steps[-1] == 5000
+    assert reader.metrics(str(tmp_path), "training", max_points=100) is chart  # cached
+    assert len(reader.metrics(str(tmp_path), "training")) == 5000
+    assert [r["steps_completed"] for r in reader.metrics(str(tmp_path), "training",
+                                                         since=4998)] == [4999, 5000]
 
 
 def test_confinement_refuses_symlinks_out_of_the_tree(tmp_path: pathlib.Path) -> None:

@@ -5,6 +5,12 @@ const API = "/api/v1";
 const COLORS = ["#2463eb", "#16a34a", "#9333ea", "#0891b2", "#ca8a04", "#db2777", "#4b5563",
   "#65a30d", "#7c3aed", "#0d9488", "#c2410c", "#1e40af"];
 const cache = new Map(); // url -> {etag, data}
+const CHART_TRIALS = 300;
+function score(q, smaller) { // a curve's best value, best first
+  const v = q.points.map((p) => p[1]).filter((y) => y !== null);
+  if (!v.length) return Infinity;
+  return smaller ? Math.min(...v) : -Math.max(...v);
+}
 const enc = encodeURIComponent;
 
 async function get(url, text) {
@@ -223,7 +229,11 @@ async function experiment(name) {
     sort: [picked.has(r.trial_id) ? 0 : 1, r.trial_id, r.state, ...hp.map((k) => r.hparams[k]),
       r.best_value, r.latest_value, r.length, r.restarts, r.checkpoints],
   }));
-  const curves = c.data.map((q, i) => ({name: `trial ${q.trial_id}`, points: q.points,
+  // Thousands of lines say nothing and cost the browser: draw the best CHART_TRIALS.
+  const ranked = c.data.slice().sort((a, b) => score(a, x.smaller_is_better) - score(b, x.smaller_is_better));
+  const shown = new Set(ranked.slice(0, CHART_TRIALS).map((q) => q.trial_id));
+  const few = c.data.length > CHART_TRIALS ? ` (best ${CHART_TRIALS} of ${c.data.length})` : "";
+  const curves = c.data.filter((q) => shown.has(q.trial_id)).map((q, i) => ({name: `trial ${q.trial_id}`, points: q.points,
     color: q.trial_id === bestId ? "#e8590c" : COLORS[i % COLORS.length],
     bold: q.trial_id === bestId, dim: bestId !== null && q.trial_id !== bestId}));
   const compare = h("button", {onclick: () => {
@@ -239,8 +249,9 @@ async function experiment(name) {
       ["start", when(x.start)], ["duration", dur(x.duration)], ["study", x.storage],
       ["directory", x.path]].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     x.error ? h("p", {class: "error"}, x.error) : null),
-    h("div", {class: "charts"}, lineChart(`${x.metric} by trial (best highlighted)`, curves, "length"),
-      trials.length ? parallel(trials, x.metric, x.smaller_is_better, bestId) : null),
+    h("div", {class: "charts"}, lineChart(`${x.metric} by trial${few}`, curves, "length"),
+      trials.length ? parallel(trials.filter((r) => shown.has(r.trial_id)), x.metric,
+        x.smaller_is_better, bestId) : null),
     ...card("Trials", h("div", {class: "toolbar"}, compare),
       table(cols, rows, {sortKey: `exp-${name}`, sortCol: 1})));
 }
