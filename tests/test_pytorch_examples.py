@@ -58,16 +58,64 @@ def _steps(work: Path, stream: str) -> list[int]:
 
 
 def test_trainer_script_trains_and_resumes(workdir: Path) -> None:
+    """Upstream's first way: bare, Determined's local mode reads ./const.yaml."""
+    (workdir / "const.yaml").write_text((workdir / "const.yaml").read_text().replace(
+        "n_filters2: 16", "n_filters2: 4"))
     r = _run([sys.executable, "train.py", "--batches", "30"], workdir)
     assert r.returncode == 0, r.stderr[-3000:]
     vals = read_jsonl(workdir / "det_runs" / "local" / "validation.jsonl")
     assert [v["steps_completed"] for v in vals] == [30]
     assert vals[-1]["metrics"]["accuracy"] > 0.3  # chance is 0.1
+    (ckpt,) = (workdir / "det_runs" / "checkpoints").glob("*/load_data.json")
+    assert json.loads(ckpt.read_text())["hparams"]["n_filters2"] == 4  # from const.yaml
     # The same command with a longer length continues from batch 30 ("latest").
     r = _run([sys.executable, "train.py", "--batches", "40"], workdir)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _steps(workdir, "validation") == [30, 40]
     assert _steps(workdir, "training") == [30, 40]
+
+
+def _small(work: Path) -> None:
+    """A smaller dataset, so that launcher runs stay short."""
+    train = work / "train.py"
+    text = train.read_text()
+    assert '"train_size": 6000, "val_size": 1000' in text
+    train.write_text(text.replace('"train_size": 6000, "val_size": 1000',
+                                  '"train_size": 640, "val_size": 64'))
+
+
+@pytest.mark.slow
+def test_trainer_script_under_det_launch_torch_with_config(workdir: Path) -> None:
+    """Upstream's second way: on two ranks, the trial's hparams from --config."""
+    _small(workdir)
+    cmd = [sys.executable, "-m", "determined_launch.cli", "--slots", "2", "--config", "const.yaml",
+           "torch", "--", sys.executable, "train.py", "--batches", "10"]
+    r = _run(cmd, workdir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _steps(workdir, "validation") == [10]
+    # Without --config nothing gave the trial hyperparameters: one line names the fix.
+    shutil.rmtree(workdir / "det_runs")
+    r = _run([sys.executable, "-m", "determined_launch.cli", "exec", "--", sys.executable,
+              "train.py", "--batches", "1"], workdir)
+    assert r.returncode == 1
+    assert ("MissingHParamError: hyperparameter 'n_filters1': this trial has no "
+            "hyperparameters") in r.stderr and "--config const.yaml" in r.stderr
+
+
+@pytest.mark.slow
+def test_trainer_script_as_the_experiment_entrypoint(workdir: Path) -> None:
+    """Upstream's third way: ``det-launch experiment const.yaml`` runs its entrypoint."""
+    _small(workdir)
+    config = (workdir / "const.yaml").read_text()
+    assert "entrypoint: python3 train.py --batches 300" in config
+    (workdir / "const.yaml").write_text(config.replace("--batches 300", "--batches 10"))
+    r = _run([sys.executable, "-m", "determined_launch.cli", "experiment", "const.yaml"], workdir)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    exp = workdir / "det_experiments" / "mnist_pytorch_const"
+    (trial,) = (exp / "trials").iterdir()
+    assert [v["steps_completed"] for v in read_jsonl(trial / "validation.jsonl")] == [10]
+    best = json.loads((exp / "best_trial.json").read_text())
+    assert best["hparams"]["n_filters2"] == 16  # the config's, not a default
 
 
 def test_legacy_runner_test_mode(workdir: Path) -> None:

@@ -2,13 +2,14 @@
 synthetic digits. The only change from Determined code is the import line.
 
 Run it either way (see docs/pytorch.md):
-    python train.py --batches 200                       # Trainer API script
+    python train.py --batches 200                       # Trainer API script (see train.py)
     python -m determined_launch.pytorch --config const.yaml model_def:MNistTrial   # legacy
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 from data import SyntheticDigits
@@ -23,9 +24,13 @@ class Flatten(nn.Module):
 
 
 class MNistTrial(pytorch.PyTorchTrial):
-    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+    def __init__(
+        self, context: pytorch.PyTorchTrialContext, hparams: Optional[Mapping[str, Any]] = None
+    ) -> None:
         self.context = context
-        hp = context.get_hparam
+        # train.py passes the trial's hparams, as Determined's Trainer example
+        # does; the legacy runner constructs MNistTrial(context) only.
+        hp = (hparams if hparams is not None else context.get_hparams()).__getitem__
         self.model = context.wrap_model(
             nn.Sequential(
                 nn.Conv2d(1, hp("n_filters1"), 3, 1),
