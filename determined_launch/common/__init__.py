@@ -1,0 +1,1 @@
+"""Test-compat: ``determined.common`` names that Determined's test helpers import."""
