@@ -116,12 +116,15 @@ class Table:
                 col.append(math.nan)
 
     def row(self, i: int) -> dict[str, Any]:
+        # A row being added by another thread may not be in every column yet.
         metrics: dict[str, Any] = {k: col[i] if k in self.floats else int(col[i])
-                                   for k, col in self.columns.items() if not math.isnan(col[i])}
+                                   for k, col in self.columns.items()
+                                   if i < len(col) and not math.isnan(col[i])}
         metrics.update(self.other.get(i, {}))
         step = self.steps[i]
+        t = self.times[i] if i < len(self.times) else math.nan
         return {"steps_completed": None if math.isnan(step) else int(step),
-                "time": None if math.isnan(self.times[i]) else self.times[i],
+                "time": None if math.isnan(t) else t,
                 "metrics": metrics}
 
     def rows(self, indices: Optional[Sequence[int]] = None) -> Iterator[dict[str, Any]]:

@@ -24,6 +24,15 @@ LOG_LIMIT = 1 << 20
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
 
 
+class _Downsampled:
+    def __init__(self, table: files.Table) -> None:
+        self.table = table
+        self.n = -1
+        self.columns: dict[str, shape.Extremes] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+
 class RunReader:
     def __init__(self, roots: Sequence[str]) -> None:
         self.roots = roots
@@ -31,8 +40,7 @@ class RunReader:
         self._sizes: dict[str, Optional[int]] = {}  # committed checkpoints never change
         self._events: dict[str, tuple[tuple[int, int], list[str]]] = {}
         self._lock = threading.Lock()
-        self._downsampled: dict[tuple[str, str, int],
-                                tuple[files.Table, int, list[dict[str, Any]]]] = {}
+        self._downsampled: dict[tuple[str, str, int], _Downsampled] = {}
 
     def table(self, run_dir: str, group: str) -> files.Table:
         if not GROUP.match(group):
@@ -54,15 +62,28 @@ class RunReader:
         ``since``; with ``max_points``, the rows that keep each metric's shape."""
         table = self.table(run_dir, group)
         if max_points is not None and len(table) > max_points:
-            key = (run_dir, group, max_points)
-            hit = self._downsampled.get(key)
-            if hit is None or hit[0] is not table or hit[1] != len(table):
-                # once per growth of the stream, however many tabs ask
-                rows = [shape.finite(r) for r in
-                        table.rows(shape.downsample(table.columns, max_points))]
-                hit = self._downsampled[key] = (table, len(table), rows)
-            return hit[2]
+            return self._downsample(run_dir, group, table, max_points)
         return [shape.finite(r) for r in table.rows(range(max(0, since), len(table)))]
+
+    def _downsample(self, run_dir: str, group: str, table: files.Table,
+                    max_points: int) -> list[dict[str, Any]]:
+        """Rows that keep each metric's shape, kept up to date as the stream grows
+        (``shape.Extremes``): a poll of a growing million-row stream costs its new rows."""
+        key = (run_dir, group, max_points)
+        with self._lock:
+            state = self._downsampled.get(key)
+            if state is None or state.table is not table:  # new, or read again from the start
+                state = self._downsampled[key] = _Downsampled(table)
+        with state.lock:
+            if state.n != len(table):
+                rows: set[int] = set()
+                for name, col in table.columns.items():
+                    ext = state.columns.setdefault(name, shape.Extremes(max_points))
+                    ext.update(col)
+                    rows.update(ext.indices(col))
+                state.rows = [shape.finite(r) for r in table.rows(sorted(rows))]
+                state.n = len(table)
+            return state.rows
 
     def last_step(self, run_dir: str) -> Optional[int]:
         steps = [t.steps[-1] for t in (self.table(run_dir, "training"),

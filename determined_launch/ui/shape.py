@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: a key whose value is never shown (hparams, metadata, configs): job secrets,
@@ -51,42 +51,73 @@ def finite(value: Any) -> Any:
     return value
 
 
-def bucket_extremes(values: Sequence[float], max_points: int) -> list[int]:
-    """Indices of ``values`` to draw: in each of ``max_points // 2`` equal
-    buckets its smallest and largest value (in order), so spikes survive.
-    NaN (a row without the metric) is skipped; first and last are kept."""
-    n = len(values)
-    present = [i for i in range(n) if not math.isnan(values[i])] if n <= 2 * max_points else None
-    if present is not None and len(present) <= max_points:
-        return present
-    buckets = max(1, max_points // 2)
-    size = n / buckets
-    keep: list[int] = []
-    for b in range(buckets):
-        lo, hi = int(b * size), min(n, int((b + 1) * size))
-        best_lo = best_hi = -1
-        for i in range(lo, hi):
+class Extremes:
+    """One column's smallest and largest value per bucket of rows, kept up to
+    date as rows are appended: a bucket is a power of two rows, and when there
+    are more than ``max_points // 2`` buckets, neighbours merge (the size
+    doubles). Following a growing million-point stream then costs the new
+    rows, not a pass over all of them per poll."""
+
+    def __init__(self, max_points: int) -> None:
+        self.limit = max(1, max_points // 2)
+        self.max_points = max_points
+        self.size = 1
+        self.n = 0
+        self.lo: list[int] = []  # per bucket: the row of its minimum (-1: none)
+        self.hi: list[int] = []
+
+    def update(self, values: Sequence[float]) -> None:
+        lo, hi = self.lo, self.hi
+        for i in range(self.n, len(values)):
+            b = i // self.size
+            if b == len(lo):
+                lo.append(-1)
+                hi.append(-1)
             v = values[i]
-            if v != v:  # NaN
-                continue
-            if best_lo < 0 or v < values[best_lo]:
-                best_lo = i
-            if best_hi < 0 or v > values[best_hi]:
-                best_hi = i
-        if best_lo >= 0:
-            keep.extend(sorted({best_lo, best_hi}))
-    for i in range(n - 1, -1, -1):  # the newest point, which a live chart must show
-        if values[i] == values[i]:
-            if not keep or keep[-1] < i:
-                keep.append(i)
-            break
-    return keep
+            if v == v:  # not NaN (a row without this metric)
+                if lo[b] < 0 or v < values[lo[b]]:
+                    lo[b] = i
+                if hi[b] < 0 or v > values[hi[b]]:
+                    hi[b] = i
+            if len(lo) > self.limit:
+                self._merge(values)
+                lo, hi = self.lo, self.hi
+        self.n = len(values)
+
+    def _merge(self, values: Sequence[float]) -> None:
+        def pick(rows: list[int], better: Callable[[float, float], bool]) -> list[int]:
+            out = []
+            for b in range(0, len(rows), 2):
+                pair = [r for r in rows[b:b + 2] if r >= 0]
+                best = pair[0] if pair else -1
+                for r in pair[1:]:
+                    if better(values[r], values[best]):
+                        best = r
+                out.append(best)
+            return out
+
+        self.lo = pick(self.lo, lambda a, b: a < b)
+        self.hi = pick(self.hi, lambda a, b: a > b)
+        self.size *= 2
+
+    def indices(self, values: Sequence[float]) -> list[int]:
+        """Rows to draw, in order; every present row of a short series, and
+        always the newest (which a live chart must show)."""
+        n = len(values)
+        if n <= self.max_points:
+            return [i for i in range(n) if values[i] == values[i]]
+        keep = sorted({r for r in (*self.lo, *self.hi) if r >= 0})
+        for i in range(n - 1, -1, -1):
+            if values[i] == values[i]:
+                if not keep or keep[-1] < i:
+                    keep.append(i)
+                break
+        return keep
 
 
-def downsample(columns: Mapping[str, Sequence[float]], max_points: int) -> list[int]:
-    """Rows to send so that every metric's chart keeps its shape: the union of
-    each column's extremes, in row order."""
-    rows: set[int] = set()
-    for col in columns.values():
-        rows.update(bucket_extremes(col, max_points))
-    return sorted(rows)
+def bucket_extremes(values: Sequence[float], max_points: int) -> list[int]:
+    """Indices of ``values`` to draw, at most about ``max_points``: each
+    bucket's smallest and largest value, so spikes survive."""
+    ext = Extremes(max_points)
+    ext.update(values)
+    return ext.indices(values)
