@@ -29,6 +29,7 @@ from determined_launch.cluster.local_trial import complete
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.launcher import (
     LauncherOptions,
+    commit_check,
     detection_env,
     main_for_backend,
     report_errors,
@@ -74,7 +75,9 @@ def info_command(options: LauncherOptions) -> int:
     """Print what was detected and why earlier detectors did not match."""
     env = detection_env(options, os.environ)
     report = detect(env, force=options.detector, disable=options.disabled_detectors)
-    info = complete(report.info, env, options.local_trial)  # what the workers would get
+    # what the workers would get
+    info = complete(report.info, env, options.local_trial,
+                    is_committed=commit_check(env, report.info))
     out = {
         "detector": report.info.source,
         "cluster_info": info.to_dict(),

@@ -31,6 +31,7 @@ from determined_launch.cluster.local import SLOTS_ENV
 from determined_launch.cluster.local_trial import CONFIG_ENV, LocalTrialOptions, complete
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.compat import worker_pythonpath
+from determined_launch.core.storage import check_storage, configured_storage
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
 
@@ -268,6 +269,9 @@ def run(
     info = detect_with_config_slots(options, env)
     refuse_nested_launch(info, env)
     info = complete(info, env, options.local_trial, say=_say)
+    # A storage mistake (missing extra, bad block, no such bucket) is one line here,
+    # before any worker starts, not a traceback from every rank; the chief probes.
+    check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
     runtime = make_runtime(info, env, options.determined_compat)
     try:
         plan = build(info, runtime, args)

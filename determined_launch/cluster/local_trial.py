@@ -192,13 +192,17 @@ def _storage_dir(info: ClusterInfo, env: Mapping[str, str],
 
 
 def latest_committed(run_dir: pathlib.Path, storage: Optional[pathlib.Path],
-                     trial: TrialInfo) -> Optional[str]:
+                     trial: TrialInfo, is_committed: Optional[Callable[[str], bool]] = None
+                     ) -> Optional[str]:
     """The run directory's newest committed checkpoint of ``trial``, if any.
 
     ``latest_checkpoint.json`` names it under ``storage_id`` (while a commit
-    is under way, the new one under ``pending``). Where the storage is a
-    directory, the checkpoint must still be there; elsewhere the pointer,
-    written only after a commit, is trusted.
+    is under way, the new one under ``pending``). As ``core``'s
+    ``checkpoint.latest()``: the newest whose commit marker is there, looked
+    for in the directory ``storage``, else by ``is_committed`` (object
+    storage: a save killed after its marker but before the pointer's second
+    write left ``pending`` committed and newer). With neither, the pointer's
+    ``storage_id`` is trusted.
     """
     try:
         with open(run_dir / LATEST_POINTER_FILE, encoding="utf-8") as f:
@@ -220,10 +224,13 @@ def latest_committed(run_dir: pathlib.Path, storage: Optional[pathlib.Path],
         storage_id = pointer.get(key)
         if not isinstance(storage_id, str) or "/" in storage_id or storage_id.startswith("."):
             continue
-        if storage is None:
-            if key == "storage_id":
+        if storage is not None:
+            if (storage / storage_id / METADATA_FILE).is_file():
                 return storage_id
-        elif (storage / storage_id / METADATA_FILE).is_file():
+        elif is_committed is not None:
+            if is_committed(storage_id):
+                return storage_id
+        elif key == "storage_id":
             return storage_id
     return None
 
@@ -233,11 +240,14 @@ def complete(
     env: Mapping[str, str],
     opts: Optional[LocalTrialOptions] = None,
     say: Optional[Callable[[str], None]] = None,
+    is_committed: Optional[Callable[[str], bool]] = None,
 ) -> ClusterInfo:
     """``info`` with a trial and a resume point (see the module doc), marked resolved.
 
     Determined's own info (source ``determined``) and info a launcher already
-    resolved are returned as they are.
+    resolved are returned as they are. ``is_committed``: the commit-marker
+    check of an object storage (``latest_committed``), from a layer that can
+    open one.
     """
     if info.resolved or info.source == "determined":
         return info
@@ -246,7 +256,8 @@ def complete(
     latest = info.latest_checkpoint
     if latest is None and not opts.fresh:
         run_dir = run_dir_for(trial, env)
-        latest = latest_committed(run_dir, _storage_dir(info, env, run_dir), trial)
+        latest = latest_committed(run_dir, _storage_dir(info, env, run_dir), trial,
+                                  is_committed)
         if latest is not None and say is not None:
             say(f"resuming trial {trial.trial_id} from checkpoint {latest}, the newest in "
                 f"{run_dir} (--fresh / {FRESH_ENV}=1 starts over)")

@@ -24,7 +24,7 @@ from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.preempt import DEFAULT_SYNC_PERIOD, PreemptContext, PreemptMode
 from determined_launch.core.searcher import SearcherContext
-from determined_launch.core.storage import StorageSpec, parse_storage
+from determined_launch.core.storage import StorageSpec, configured_storage, parse_storage
 from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
 from determined_launch.core.train import TrainContext
 from determined_launch.errors import LaunchError
@@ -142,12 +142,9 @@ def resolve_checkpoint_storage(
     ``storage.parse_storage`` accepts: a directory, a URL, a storage block."""
     if storage:
         return parse_storage(storage, where="core.init(checkpoint_storage=...)")
-    if os.environ.get(CHECKPOINT_STORAGE_ENV):
-        return parse_storage(os.environ[CHECKPOINT_STORAGE_ENV],
-                             where=f"environment variable {CHECKPOINT_STORAGE_ENV}")
-    from_info = getattr(info, "checkpoint_storage", None)
-    if from_info:
-        return parse_storage(from_info, where="cluster info field 'checkpoint_storage'")
+    configured = configured_storage(os.environ, getattr(info, "checkpoint_storage", None))
+    if configured is not None:
+        return configured
     return parse_storage(str(run_dir.parent / "checkpoints"), where="default checkpoint storage")
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect
+from determined_launch.core.storage import check_storage, parse_storage
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
 from determined_launch.experiment import searchers as se
@@ -102,6 +103,8 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
         raise LaunchError(f"this job has {info.num_nodes} nodes; det-launch experiment runs "
                           "each trial on its own node (run one --worker per node, e.g. a SLURM "
                           "array)")
+    if conf.checkpoint_storage is not None:  # one line now, not a failing trial per restart
+        check_storage(parse_storage(conf.checkpoint_storage, where=str(conf.path)), probe=True)
     exp_dir = pathlib.Path(opts["experiment_dir"] or pathlib.Path("det_experiments", conf.name))
     exp_dir = private_dir(exp_dir.absolute())
     if conf.ignored:

@@ -7,8 +7,10 @@ Nothing here imports fsspec or a cloud library until an object store is opened.
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Optional
 
+from determined_launch import envvars
 from determined_launch.core.storage.base import METADATA_FILE, PARTIAL_PREFIX, StorageBackend
 from determined_launch.core.storage.spec import (
     Retention,
@@ -26,6 +28,8 @@ __all__ = [
     "StorageConfigError",
     "StorageSpec",
     "StorageTransferError",
+    "check_storage",
+    "configured_storage",
     "open_storage",
     "parse_storage",
 ]
@@ -45,3 +49,25 @@ def open_storage(spec: StorageSpec, *, probe: bool = False, fs: Any = None) -> S
     if probe:
         backend.probe()
     return backend
+
+
+def configured_storage(env: Mapping[str, str], from_info: Any) -> Optional[StorageSpec]:
+    """The storage ``DET_CHECKPOINT_STORAGE`` names, else the cluster info's
+    ``checkpoint_storage``, else ``None`` (``core.init``'s default directory);
+    ``StorageConfigError`` names the origin. ``core.init`` and the launchers read
+    it alike, so a launcher can check it before any worker starts."""
+    raw = env.get(envvars.CHECKPOINT_STORAGE)
+    if raw:
+        return parse_storage(raw, where=f"environment variable {envvars.CHECKPOINT_STORAGE}")
+    if from_info:
+        return parse_storage(from_info, where="cluster info field 'checkpoint_storage'")
+    return None
+
+
+def check_storage(spec: Optional[StorageSpec], *, probe: bool) -> None:
+    """What a launcher checks before its workers start, given a parsed storage
+    (its extra is installed, its block valid): with ``probe`` (the chief), that
+    the bucket answers. A mistake is one ``StorageConfigError`` line instead of
+    a traceback per rank."""
+    if spec is not None and probe and not spec.is_directory:
+        open_storage(spec, probe=True)

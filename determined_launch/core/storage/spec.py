@@ -16,6 +16,7 @@ Credentials are kept in ``options`` (never in ``url``, never in ``repr``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
 import pathlib
@@ -182,7 +183,10 @@ def _parse_block(block: Any, where: str) -> StorageSpec:
         raise _field(where, "type", f"unknown type {kind!r} (expected one of {sorted(_TYPE_KEYS)})")
     unknown = sorted(set(block) - _COMMON_KEYS - _TYPE_KEYS[kind])
     if unknown:
-        raise _field(where, unknown[0], f"unknown key for type {kind}")
+        known = sorted(_COMMON_KEYS | _TYPE_KEYS[kind])
+        close = difflib.get_close_matches(str(unknown[0]), known, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise _field(where, unknown[0], f"unknown key for type {kind}{hint}")
     retention = _retention(block, where)
     if kind in ("shared_fs", "directory"):
         return StorageSpec("file", _block_directory(block, kind, where), retention=retention)
