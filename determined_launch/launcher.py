@@ -28,7 +28,12 @@ from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
-from determined_launch.cluster.local_trial import CONFIG_ENV, LocalTrialOptions, complete
+from determined_launch.cluster.local_trial import (
+    CONFIG_ENV,
+    LocalTrialOptions,
+    complete,
+    searcher_env,
+)
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.compat import worker_pythonpath
 from determined_launch.core.storage import check_storage, configured_storage
@@ -273,9 +278,13 @@ def run(
     # A storage mistake (missing extra, bad block, no such bucket) is one line here,
     # before any worker starts, not a traceback from every rank; the chief probes.
     check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
+    # --config's searcher metric and unit, as det-launch experiment hands them to trials
+    extra_env = searcher_env(options.local_trial, env)
     runtime = make_runtime(info, env, options.determined_compat)
     try:
         plan = build(info, runtime, args)
+        if extra_env:
+            plan = dataclasses.replace(plan, env={**extra_env, **plan.env})
         if options.dry_run:
             print(plan.render())
             return 0

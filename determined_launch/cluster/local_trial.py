@@ -8,7 +8,10 @@ is *the local trial* of the run directory:
   ``reproducibility.experiment_seed`` or 0, ``local`` true;
 * ``hparams`` from ``--hparams JSON|FILE`` (``DET_LAUNCH_HPARAMS``), else the
   constants of the ``hyperparameters`` block of ``--config EXP.yaml``
-  (``DET_LAUNCH_CONFIG``), else ``{}``;
+  (``DET_LAUNCH_CONFIG``), else none (a missing key then names those two);
+* ``max_length`` the config's ``searcher.max_length``; its metric and unit
+  reach the workers as ``det-launch experiment``'s trials get them
+  (``searcher_env``);
 * its run directory is ``DET_RUN_DIR``, else ``./det_runs/local``, as before
   trials existed off-cluster, so existing run directories keep working.
 
@@ -113,6 +116,33 @@ def config_hparams(config: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: {e}") from None
 
 
+def config_searcher(config: Mapping[str, Any], where: str) -> tuple[Optional[int], dict[str, str]]:
+    """The config's ``searcher.max_length`` (``N`` or ``{unit: N}``) as the
+    trial's length, and its metric, direction and unit as the variables
+    ``det-launch experiment`` hands its trials (retention ranks by the metric,
+    ``get_configured_units()`` reads the unit). Checked in full by
+    ``det-launch experiment``; here only what the trial uses."""
+    searcher = config.get("searcher")
+    if not isinstance(searcher, Mapping):
+        return None, {}
+    env: dict[str, str] = {}
+    metric = searcher.get("metric")
+    if isinstance(metric, str) and metric:
+        env[envvars.SEARCHER_METRIC] = metric
+        smaller = searcher.get("smaller_is_better", True)
+        env[envvars.SMALLER_IS_BETTER] = "false" if smaller is False else "true"
+    raw = searcher.get("max_length")
+    if isinstance(raw, Mapping) and len(raw) == 1:
+        unit, raw = next(iter(raw.items()))
+        env[envvars.SEARCHER_UNIT] = str(unit).upper()
+    if raw is None:
+        return None, env
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{where}: searcher.max_length: expected an integer >= 1 or "
+                         f"{{batches|records|epochs: N}}, got {raw!r}")
+    return raw, env
+
+
 def config_seed(config: Mapping[str, Any]) -> int:
     repro = config.get("reproducibility")
     seed = repro.get("experiment_seed") if isinstance(repro, Mapping) else None
@@ -138,16 +168,39 @@ class LocalTrialOptions:
                    fresh=fresh)
 
 
+def _config(opts: LocalTrialOptions) -> dict[str, Any]:
+    if not opts.config:
+        return {}
+    try:
+        return read_config(opts.config)
+    except ValueError as e:
+        raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
+
+
+def searcher_env(opts: LocalTrialOptions, env: Mapping[str, str]) -> dict[str, str]:
+    """The ``--config`` searcher's variables for the workers, where ``env``
+    does not already set them."""
+    if not opts.config:
+        return {}
+    try:
+        _length, out = config_searcher(_config(opts), f"config {opts.config}")
+    except ValueError as e:
+        raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
+    return {k: v for k, v in out.items() if not env.get(k)}
+
+
 def local_trial(opts: LocalTrialOptions) -> TrialInfo:
+    """The local trial: hyperparameters, seed and length from the options."""
     hparams: dict[str, Any] = {}
     seed = 0
-    config: dict[str, Any] = {}
+    max_length = None
+    config = _config(opts)
     if opts.config:
+        seed = config_seed(config)
         try:
-            config = read_config(opts.config)
+            max_length, _env = config_searcher(config, f"config {opts.config}")
         except ValueError as e:
             raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
-        seed = config_seed(config)
     try:
         if opts.hparams:
             hparams = parse_hparams(opts.hparams)
@@ -156,7 +209,8 @@ def local_trial(opts: LocalTrialOptions) -> TrialInfo:
     except ValueError as e:
         which = f"--hparams / {HPARAMS_ENV}" if opts.hparams else f"--config / {CONFIG_ENV}"
         raise ClusterInfoError(f"{which}: {e}") from None
-    return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed, local=True)
+    return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed,
+                     max_length=max_length, local=True)
 
 
 def default_run_dir(trial: Optional[TrialInfo]) -> pathlib.Path:

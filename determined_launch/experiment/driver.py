@@ -30,7 +30,7 @@ from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.expconf import ExperimentConfig
+from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
 from determined_launch.experiment.trial import (
     MetricError,
     TrialProcess,
@@ -53,6 +53,20 @@ ATTR_SLOT = "det_slot"
 #: the experiment's options' variables (experiment/cli.py), never passed to trials
 EXPERIMENT_ENV = ("DET_EXPERIMENT_DIR", "DET_STUDY_STORAGE", "DET_EXPERIMENT_WORKER",
                   "DET_EXPERIMENT_CONCURRENCY")
+
+
+def past_the_end(length: int, searcher: SearcherConfig) -> bool:
+    """Whether a report at ``length`` ends the trial.
+
+    0.38's ``time_metric`` + ``max_time``: the reported length *is* the time
+    metric, in the unit of ``max_time``, so the searcher ends the trial there.
+    With ``max_length`` the script trains its own length (``operations()``)
+    and counts its steps in a unit of its own (seed 000's count batches while
+    ``max_length`` says epochs): comparing the two could stop a trial early,
+    so, as in Determined 0.38, ``max_length`` never stops a trial.
+    """
+    top = searcher.max_length
+    return searcher.time_metric is not None and top is not None and length >= top
 
 
 @dataclasses.dataclass
@@ -235,13 +249,7 @@ class Driver:
                                 f"{r.length} ({self.s.conf.searcher.metric}={plain(r.value)})")
 
     def _past_the_end(self, length: int) -> bool:
-        """0.38's ``max_time``: the script trains its own length, and the searcher
-        ends it at ``max_time``. With ``max_length`` the script stops there by
-        itself (``operations()``); only a trial going beyond it is stopped."""
-        top = self.s.conf.searcher.max_length
-        if top is None:
-            return False
-        return length >= top if self.s.conf.searcher.time_metric else length > top
+        return past_the_end(length, self.s.conf.searcher)
 
     def _finish(self, number: int, code: int) -> None:
         trial, proc = self.running.pop(number)
