@@ -6,6 +6,7 @@ server's 404). Nothing here writes: the UI is a reader beside the flow.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -42,6 +43,28 @@ def _trial_state(t: Any) -> str:
     return state
 
 
+class _Trial:
+    """One trial's row and curve, with their JSON encoded on first use."""
+
+    __slots__ = ("end", "row", "curve", "_row_json", "_curve_json")
+
+    def __init__(self, end: Optional[float], row: dict[str, Any],
+                 curve: dict[str, Any]) -> None:
+        self.end, self.row, self.curve = end, row, curve
+        self._row_json: Optional[bytes] = None
+        self._curve_json: Optional[bytes] = None
+
+    def row_json(self) -> bytes:
+        if self._row_json is None:
+            self._row_json = json.dumps(self.row, separators=(",", ":")).encode()
+        return self._row_json
+
+    def curve_json(self) -> bytes:
+        if self._curve_json is None:
+            self._curve_json = json.dumps(self.curve, separators=(",", ":")).encode()
+        return self._curve_json
+
+
 class Api:
     def __init__(self, paths: Sequence[str], study_storage: Optional[str] = None) -> None:
         self.catalog = Catalog(paths)
@@ -49,8 +72,8 @@ class Api:
         self.runs_reader = RunReader(self.roots)
         self.studies = Studies(study_storage)
         #: rows of finished trials, which never change: (exp_dir, number) -> row
-        self._final_rows: dict[tuple[str, int], dict[str, Any]] = {}
-        self._final_points: dict[tuple[str, int], list[Any]] = {}
+        #: finished trials, which never change: (exp_dir, number) -> row and curve
+        self._final: dict[tuple[str, int], _Trial] = {}
 
     # -- experiments ---------------------------------------------------------------
 
@@ -77,7 +100,7 @@ class Api:
         searcher = _section(record, "searcher")
         smaller = bool(searcher.get("smaller_is_better", True))
         trials, error = self._study(exp_dir, record)
-        rows = [self._row(exp_dir, t, smaller) for t in trials]
+        rows = [self._entry(exp_dir, t, smaller).row for t in trials]
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -107,47 +130,47 @@ class Api:
                 print(f"det-launch ui: experiment {name}: {type(e).__name__}: {e}",
                       file=sys.stderr, flush=True)
 
-    def trials(self, name: str) -> Optional[list[dict[str, Any]]]:
-        exp_dir = self.catalog.experiments().get(name)
-        if exp_dir is None:
-            return None
-        record = self._record(exp_dir)
-        searcher = _section(record, "searcher")
-        smaller = bool(searcher.get("smaller_is_better", True))
-        trials, _ = self._study(exp_dir, record)
-        return [self._row(exp_dir, t, smaller) for t in trials]
-
-    def curves(self, name: str) -> Optional[list[dict[str, Any]]]:
-        """The searcher metric against length for every trial (the study's reports)."""
+    def _entries(self, name: str) -> Optional[list[_Trial]]:
         exp_dir = self.catalog.experiments().get(name)
         if exp_dir is None:
             return None
         record = self._record(exp_dir)
         smaller = bool(_section(record, "searcher").get("smaller_is_better", True))
         trials, _ = self._study(exp_dir, record)
-        out = []
-        for t in trials:
-            row = self._row(exp_dir, t, smaller)
-            key = (exp_dir, t.number)
-            points = self._final_points.get(key) if key in self._final_rows else None
-            if points is None:
-                points = shape.finite(sorted(t.intermediate_values.items()))
-                if key in self._final_rows:
-                    self._final_points[key] = points
-            out.append({"trial_id": row["trial_id"], "state": row["state"], "points": points})
-        return out
+        return [self._entry(exp_dir, t, smaller) for t in trials]
 
-    def _row(self, exp_dir: str, t: Any, smaller: bool) -> dict[str, Any]:
-        """A trial table row. A finished trial's row is computed once: with
+    def trials(self, name: str) -> Optional[list[dict[str, Any]]]:
+        entries = self._entries(name)
+        return None if entries is None else [e.row for e in entries]
+
+    def trials_body(self, name: str) -> Optional[bytes]:
+        """``trials`` as JSON, joined from each finished trial's encoding, made once."""
+        entries = self._entries(name)
+        return None if entries is None else b"[" + b",".join(e.row_json() for e in entries) + b"]"
+
+    def curves(self, name: str) -> Optional[list[dict[str, Any]]]:
+        """The searcher metric against length for every trial (the study's reports)."""
+        entries = self._entries(name)
+        return None if entries is None else [e.curve for e in entries]
+
+    def curves_body(self, name: str) -> Optional[bytes]:
+        entries = self._entries(name)
+        return None if entries is None else b"[" + b",".join(e.curve_json() for e in entries) + b"]"
+
+    def _entry(self, exp_dir: str, t: Any, smaller: bool) -> _Trial:
+        """A trial's row and curve. A finished trial's are made once: with
         10,000 trials a poll then costs the running trials' files only."""
         key = (exp_dir, t.number)
-        row = self._final_rows.get(key)
-        if row is not None and row["end"] == _ts(t.datetime_complete):
-            return row
+        end = _ts(t.datetime_complete)
+        cached = self._final.get(key)
+        if cached is not None and cached.end == end:
+            return cached
         row = self._compute_row(exp_dir, t, smaller)
-        if t.datetime_complete is not None and t.state.name != "RUNNING":
-            self._final_rows[key] = row
-        return row
+        entry = _Trial(end, row, {"trial_id": row["trial_id"], "state": row["state"],
+                                  "points": shape.finite(sorted(t.intermediate_values.items()))})
+        if end is not None and t.state.name != "RUNNING":
+            self._final[key] = entry
+        return entry
 
     def _compute_row(self, exp_dir: str, t: Any, smaller: bool) -> dict[str, Any]:
         from determined_launch.experiment import report
@@ -187,7 +210,8 @@ class Api:
         searcher = _section(record, "searcher")
         trials, error = self._study(exp_dir, record)
         found = [t for t in trials if t.number + 1 == trial_id]
-        row = (self._row(exp_dir, found[0], bool(searcher.get("smaller_is_better", True)))
+        row = (self._entry(exp_dir, found[0],
+                           bool(searcher.get("smaller_is_better", True))).row
                if found else {"trial_id": trial_id, "state": "unknown", "error": error})
         info = files.read_json(os.path.join(run_dir, "cluster_info.json"), self.roots) or {}
         block = _section(info, "trial")

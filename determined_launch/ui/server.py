@@ -196,9 +196,9 @@ class Handler(BaseHTTPRequestHandler):
             if len(seg) == 2:
                 return _json(_found(api.experiment(name)))
             if seg[2:] == ["trials"]:
-                return _json(_found(api.trials(name)))
+                return _found(api.trials_body(name)), "application/json", {}
             if seg[2:] == ["searcher_metric"]:
-                return _json(_found(api.curves(name)))
+                return _found(api.curves_body(name)), "application/json", {}
             if len(seg) >= 4 and seg[2] == "trials" and seg[3].isdigit():
                 tid = int(seg[3])
                 if len(seg) == 4:
