@@ -121,6 +121,13 @@ def test_config_carries_max_length_and_the_searcher(tmp_path: pathlib.Path) -> N
         local_trial(opts)
     assert str(e.value).startswith("--config / DET_LAUNCH_CONFIG: ")
     assert "searcher.max_length" in str(e.value) and "\n" not in str(e.value)
+    # 0.38's max_time is the time metric's length, not the trial's.
+    config.write_text("searcher: {name: single, metric: loss, time_metric: batches, "
+                      "max_time: 9}\n")
+    assert local_trial(opts).max_length is None
+    # No searcher block: nothing to hand on.
+    config.write_text("hyperparameters: {lr: 0.1}\n")
+    assert (local_trial(opts).max_length, searcher_env(opts, {})) == (None, {})
 
 
 def test_core_init_in_local_mode_uses_the_config_length(

@@ -30,11 +30,14 @@ import json
 import os
 import pathlib
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch import envvars, values
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
 from determined_launch.errors import ClusterInfoError
+
+if TYPE_CHECKING:
+    from determined_launch.expconf import ExperimentConfig
 
 HPARAMS_ENV = "DET_LAUNCH_HPARAMS"
 CONFIG_ENV = "DET_LAUNCH_CONFIG"
@@ -116,33 +119,6 @@ def config_hparams(config: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: {e}") from None
 
 
-def config_searcher(config: Mapping[str, Any], where: str) -> tuple[Optional[int], dict[str, str]]:
-    """The config's ``searcher.max_length`` (``N`` or ``{unit: N}``) as the
-    trial's length, and its metric, direction and unit as the variables
-    ``det-launch experiment`` hands its trials (retention ranks by the metric,
-    ``get_configured_units()`` reads the unit). Checked in full by
-    ``det-launch experiment``; here only what the trial uses."""
-    searcher = config.get("searcher")
-    if not isinstance(searcher, Mapping):
-        return None, {}
-    env: dict[str, str] = {}
-    metric = searcher.get("metric")
-    if isinstance(metric, str) and metric:
-        env[envvars.SEARCHER_METRIC] = metric
-        smaller = searcher.get("smaller_is_better", True)
-        env[envvars.SMALLER_IS_BETTER] = "false" if smaller is False else "true"
-    raw = searcher.get("max_length")
-    if isinstance(raw, Mapping) and len(raw) == 1:
-        unit, raw = next(iter(raw.items()))
-        env[envvars.SEARCHER_UNIT] = str(unit).upper()
-    if raw is None:
-        return None, env
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise ValueError(f"{where}: searcher.max_length: expected an integer >= 1 or "
-                         f"{{batches|records|epochs: N}}, got {raw!r}")
-    return raw, env
-
-
 def config_seed(config: Mapping[str, Any]) -> int:
     repro = config.get("reproducibility")
     seed = repro.get("experiment_seed") if isinstance(repro, Mapping) else None
@@ -168,39 +144,43 @@ class LocalTrialOptions:
                    fresh=fresh)
 
 
-def _config(opts: LocalTrialOptions) -> dict[str, Any]:
+def _load(opts: LocalTrialOptions) -> Optional[ExperimentConfig]:
+    """``--config``, read and checked by the one config reader (one trial)."""
     if not opts.config:
-        return {}
+        return None
+    from determined_launch import expconf  # a pure leaf, like hparams
+
     try:
-        return read_config(opts.config)
-    except ValueError as e:
+        return expconf.load(opts.config, trial=True)
+    except expconf.ConfigError as e:
         raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
 
 
 def searcher_env(opts: LocalTrialOptions, env: Mapping[str, str]) -> dict[str, str]:
-    """The ``--config`` searcher's variables for the workers, where ``env``
-    does not already set them."""
-    if not opts.config:
+    """``--config``'s searcher metric, direction and unit, as the variables
+    ``det-launch experiment`` hands its trials (retention ranks checkpoints by
+    the metric, ``get_configured_units()`` reads the unit), where ``env`` does
+    not already set them."""
+    conf = _load(opts)
+    if conf is None or conf.raw.get("searcher") is None:
         return {}
-    try:
-        _length, out = config_searcher(_config(opts), f"config {opts.config}")
-    except ValueError as e:
-        raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
+    searcher = conf.searcher
+    out = {envvars.SEARCHER_METRIC: searcher.metric,
+           envvars.SMALLER_IS_BETTER: "true" if searcher.smaller_is_better else "false"}
+    if searcher.unit is not None:
+        out[envvars.SEARCHER_UNIT] = searcher.unit.upper()
     return {k: v for k, v in out.items() if not env.get(k)}
 
 
 def local_trial(opts: LocalTrialOptions) -> TrialInfo:
     """The local trial: hyperparameters, seed and length from the options."""
     hparams: dict[str, Any] = {}
-    seed = 0
-    max_length = None
-    config = _config(opts)
-    if opts.config:
-        seed = config_seed(config)
-        try:
-            max_length, _env = config_searcher(config, f"config {opts.config}")
-        except ValueError as e:
-            raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
+    conf = _load(opts)
+    config = dict(conf.raw) if conf is not None else {}
+    seed = config_seed(config)
+    # The searcher's length (0.38's max_time is a metric's, not the trial's).
+    max_length = (conf.searcher.max_length
+                  if conf is not None and conf.searcher.time_metric is None else None)
     try:
         if opts.hparams:
             hparams = parse_hparams(opts.hparams)
