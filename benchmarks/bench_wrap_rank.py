@@ -13,7 +13,12 @@ per wall second, best of ``--repeat``, start-up included) compare directly:
 * ``sed``: ``cat FILE | sed 's/^/[rank=0] /'``;
 * ``ours``: ``python -m wrap_rank 0 -- cat FILE``;
 * ``determined``: ``python -m determined.launch.wrap_rank 0 -- cat FILE``
-  from the peer environment (``benchmarks/peer_env.sh``).
+  from the peer environment (``benchmarks/peer_env.sh``);
+* ``ours x4``: four ranks, each ``wrap_rank N -- cat`` of a quarter of the
+  file, into one shared pipe (issue 24: the lines must stay whole there);
+* ``baseline`` and ``baseline x4``: the same with the wrap_rank of another
+  checkout (``--baseline DIR``, e.g. ``git worktree add DIR HEAD~1``), run
+  interleaved with ours, so a change is measured before and after at once.
 
 Start-up: median wall and CPU time of ``wrap_rank 0 -- true`` against a
 bare ``python -c pass`` from the same interpreter, runs interleaved, with
@@ -58,23 +63,42 @@ def peer_python() -> str | None:
 
 
 def make_input(directory: str, mb: int) -> Path:
+    """``lines.txt`` of ``mb`` MB and ``quarter.txt`` of a quarter of it."""
     path = Path(directory) / "lines.txt"
     block = LINE * 10_000  # 1 MB
-    with open(path, "wb") as f:
-        for _ in range(mb):
+    with open(path, "wb") as f, open(Path(directory) / "quarter.txt", "wb") as q:
+        for i in range(mb):
             f.write(block)
+            if i < mb // 4:
+                q.write(block)
     return path
 
 
-def timed(cmd: str, env: dict[str, str]) -> float:
+def timed(cmd: str, env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user+sys of every process in ``cmd``):
+    CPU time is the steadier figure on a busy machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(["bash", "-c", cmd], check=True, env=env)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def throughput(path: Path, peer: str | None, repeat: int, env: dict[str, str]) -> dict[str, float]:
+def four_ranks(tree: Path, quarter: Path) -> str:
+    """Four wrap_ranks of ``tree`` writing into one pipe (run from ``tree``:
+    ``python -m`` looks in the working directory first)."""
+    py, q = shlex.quote(sys.executable), shlex.quote(str(quarter))
+    ranks = " ".join(f"{py} -m wrap_rank {r} -- cat {q} &" for r in range(4))
+    return f"(cd {shlex.quote(str(tree))} && {{ {ranks} wait; }})"
+
+
+def throughput(
+    path: Path, peer: str | None, repeat: int, env: dict[str, str], baseline: Path | None
+) -> dict[str, float]:
     f = shlex.quote(str(path))
     py = shlex.quote(sys.executable)
+    quarter = path.parent / "quarter.txt"
     filters = {
         "cat": f"cat {f} | cat",
         "sed": f"cat {f} | sed 's/^/[rank=0] /'",
@@ -86,16 +110,31 @@ def throughput(path: Path, peer: str | None, repeat: int, env: dict[str, str]) -
     }
     if peer:
         filters["determined"] = f"{shlex.quote(peer)} -m determined.launch.wrap_rank 0 -- cat {f}"
+    filters["ours x4"] = four_ranks(REPO, quarter)
+    if baseline is not None:
+        b = shlex.quote(str(baseline))
+        filters["baseline"] = f"(cd {b} && PYTHONPATH={b} {py} -m wrap_rank 0 -- cat {f})"
+        filters["baseline x4"] = four_ranks(baseline, quarter)
+    # What each filter reads, in MB (the x4 ones read four quarters).
+    sizes = {name: path.stat().st_size / 1e6 for name in filters}
+    for name in filters:
+        if name.endswith(" x4"):
+            sizes[name] = 4 * quarter.stat().st_size / 1e6
     sinks = {"/dev/null": " > /dev/null", "pipe": " | cat > /dev/null"}
-    size_mb = path.stat().st_size / 1e6
     results: dict[str, float] = {}
     for sink_name, sink in sinks.items():
         best = {name: float("inf") for name in filters}
+        cpu: dict[str, list[float]] = {name: [] for name in filters}
         for _ in range(repeat):  # interleaved, so noise hits every filter alike
             for name, cmd in filters.items():
-                best[name] = min(best[name], timed(cmd + sink, env))
+                wall, used = timed(cmd + sink, env)
+                best[name] = min(best[name], wall)
+                cpu[name].append(used)
         for name, seconds in best.items():
-            results[f"{name} -> {sink_name}"] = size_mb / seconds
+            results[f"{name} -> {sink_name}"] = sizes[name] / seconds
+            results[f"cpu {name} -> {sink_name}"] = (
+                statistics.median(cpu[name]) * 1000 / sizes[name]
+            )
     return results
 
 
@@ -143,13 +182,17 @@ def startup(peer: str | None, runs: int, env: dict[str, str]) -> dict[str, tuple
     }
 
 
-def report_throughput(peer: str | None, mb: int, repeat: int, env: dict[str, str]) -> None:
+def report_throughput(
+    peer: str | None, mb: int, repeat: int, env: dict[str, str], baseline: Path | None
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_input(tmp, mb)
         print(f"\nthroughput, {mb} MB of 100-byte lines, best of {repeat} (MB/s of input)")
-        rates = throughput(path, peer, repeat, env)
+        rates = throughput(path, peer, repeat, env, baseline)
     for name, rate in rates.items():
-        print(f"  {name:28s} {rate:8.0f} MB/s")
+        if not name.startswith("cpu "):
+            cpu = rates[f"cpu {name}"]
+            print(f"  {name:28s} {rate:8.0f} MB/s {cpu:8.2f} CPU ms/MB (median)")
     for sink in ("/dev/null", "pipe"):
         ours = rates[f"ours -> {sink}"]
         relay = rates[f"ours+relay -> {sink}"]
@@ -161,6 +204,12 @@ def report_throughput(peer: str | None, mb: int, repeat: int, env: dict[str, str
             if f"{peer_name} -> {sink}" in rates
         ]
         print(f"  ours -> {sink}: " + ", ".join(ratios))
+        for name in ("ours", "ours x4", "baseline", "baseline x4"):
+            if f"{name} -> {sink}" in rates and "determined -> " + sink in rates:
+                ratio = rates[f"{name} -> {sink}"] / rates[f"determined -> {sink}"]
+                cpu = rates[f"cpu determined -> {sink}"] / rates[f"cpu {name} -> {sink}"]
+                print(f"  {name} -> {sink}: {ratio:.2f}x determined's MB/s, "
+                      f"{cpu:.2f}x less CPU per MB")
 
 
 def report_startup(peer: str | None, runs: int, env: dict[str, str]) -> None:
@@ -190,6 +239,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs per filter")
     parser.add_argument("--startup-runs", type=int, default=30)
     parser.add_argument("--only", choices=["throughput", "startup"], help="run one part")
+    parser.add_argument("--baseline", type=Path, help="another checkout to measure alongside")
     args = parser.parse_args()
 
     env = dict(os.environ)
@@ -199,7 +249,7 @@ def main() -> int:
     print(f"python: {sys.executable} ({sys.version.split()[0]}); peer: {peer}")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     if args.only != "startup":
-        report_throughput(peer, args.mb, args.repeat, env)
+        report_throughput(peer, args.mb, args.repeat, env, args.baseline)
     if args.only != "throughput":
         # As after ``pip install``: modules come from cached bytecode. The
         # cache goes to a temporary prefix, never into the source tree.

@@ -13,6 +13,7 @@ import random
 import re
 import select
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 from tests._burst import problems, write_burst
 from wrap_rank import LINE_CAP, STATUS_DIR_ENV, LinePrefixer
+from wrap_rank._out import SharedOutput
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -230,6 +232,24 @@ def test_ranks_sharing_one_pipe_keep_every_line_whole(tmp_path: Path) -> None:
         out = reader.read()
     assert [p.wait(timeout=60) for p in procs] == [0] * 4
     assert problems(out, 4, n) == []
+
+
+def test_shared_streams_are_locked_and_files_are_not(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    a, b = socket.socketpair()
+    with open(tmp_path / "log", "wb") as f, a, b:
+        kinds = {name: SharedOutput(fd) for name, fd in
+                 (("pipe", w), ("socket", a.fileno()), ("file", f.fileno()))}
+        assert {k: (o.lock, o.batch) for k, o in kinds.items()} == {
+            "pipe": (True, True), "socket": (True, False), "file": (False, False)}
+        lines = b"".join(b"%d %s\n" % (i, b"z" * (i * 97 % 9000)) for i in range(40))
+        kinds["file"].write(lines)
+    os.set_blocking(r, False)
+    kinds["pipe"].write(b"short\n")
+    assert os.read(r, 100) == b"short\n"
+    os.close(r)
+    os.close(w)
+    assert (tmp_path / "log").read_bytes() == lines
 
 
 def test_stdin_is_inherited() -> None:

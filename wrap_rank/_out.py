@@ -88,10 +88,16 @@ class SharedOutput:
     def _write_batches(self, data: bytes) -> None:
         """Whole lines in writes of at most PIPE_BUF bytes (one per line longer)."""
         view = memoryview(data)
+        fd, find, rfind = self.fd, data.find, data.rfind
         start, n = 0, len(data)
         while start < n:
-            end = data.rfind(b"\n", start, start + PIPE_BUF) + 1
+            end = rfind(b"\n", start, start + PIPE_BUF) + 1
             if end <= start:  # a line longer than PIPE_BUF: alone, in one write
-                end = data.find(b"\n", start + PIPE_BUF) + 1 or n
-            write_all(self.fd, view[start:end])
+                end = find(b"\n", start + PIPE_BUF) + 1 or n
+            try:
+                written = os.write(fd, view[start:end])  # all of it, up to PIPE_BUF
+            except BlockingIOError:
+                written = 0
+            if written < end - start:
+                write_all(fd, view[start + written : end])
             start = end
