@@ -238,7 +238,7 @@ def test_tutorial_4_on_two_nodes_preempted_then_rerun_resumes(
         assert launch.leftovers(settle=0.0) == []
     assert _xs(nodes[0].stdout) == list(range(stopped + 2, 61, 2)), nodes[0].stdout
     runs = json.loads((tmp_path / "run" / "latest_checkpoint.json").read_text())
-    assert runs["metadata"] == {"steps_completed": 30} and runs["trial_id"] is None
+    assert runs["metadata"] == {"steps_completed": 30} and runs["trial_id"] == 0
 
 
 def test_launcher_bad_hparams_and_config_are_one_line_exit_2(tmp_path: pathlib.Path) -> None:

@@ -183,8 +183,8 @@ def init(
         distributed = _single_process()
 
     rundir_path = resolve_run_dir(run_dir, info)
-    # The local trial's records carry no id, as before it existed.
-    trial_id = info.trial.trial_id if info.trial is not None and not info.trial.local else None
+    # The local trial's records carry its id, 0 (earlier versions wrote null).
+    trial_id = info.trial.trial_id if info.trial is not None else None
     rundir = RunDir(rundir_path, trial_id=trial_id,
                     hparams=info.trial.hparams if info.trial is not None else None)
     spec = resolve_checkpoint_storage(checkpoint_storage, rundir_path, info)

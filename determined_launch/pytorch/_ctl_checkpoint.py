@@ -236,8 +236,9 @@ class _CheckpointMixin:
             records = read_jsonl(f"{run_dir}/validation.jsonl")
         except FileNotFoundError:
             return None
-        trial_id = None if self.trial_id == 0 else self.trial_id
-        steps = [r.get("steps_completed") for r in records if r.get("trial_id") == trial_id]
+        # the local trial (0) was written as null by earlier versions
+        ids = (0, None) if self.trial_id == 0 else (self.trial_id,)
+        steps = [r.get("steps_completed") for r in records if r.get("trial_id") in ids]
         return int(steps[-1]) if steps and steps[-1] is not None else None
 
 
