@@ -8,7 +8,10 @@ is *the local trial* of the run directory:
   ``reproducibility.experiment_seed`` or 0, ``local`` true;
 * ``hparams`` from ``--hparams JSON|FILE`` (``DET_LAUNCH_HPARAMS``), else the
   constants of the ``hyperparameters`` block of ``--config EXP.yaml``
-  (``DET_LAUNCH_CONFIG``), else ``{}``;
+  (``DET_LAUNCH_CONFIG``), else none (a missing key then names those two);
+* ``max_length`` the config's ``searcher.max_length``; its metric and unit
+  reach the workers as ``det-launch experiment``'s trials get them
+  (``searcher_env``);
 * its run directory is ``DET_RUN_DIR``, else ``./det_runs/local``, as before
   trials existed off-cluster, so existing run directories keep working.
 
@@ -27,11 +30,14 @@ import json
 import os
 import pathlib
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch import envvars, values
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
 from determined_launch.errors import ClusterInfoError
+
+if TYPE_CHECKING:
+    from determined_launch.expconf import ExperimentConfig
 
 HPARAMS_ENV = "DET_LAUNCH_HPARAMS"
 CONFIG_ENV = "DET_LAUNCH_CONFIG"
@@ -138,16 +144,43 @@ class LocalTrialOptions:
                    fresh=fresh)
 
 
+def _load(opts: LocalTrialOptions) -> Optional[ExperimentConfig]:
+    """``--config``, read and checked by the one config reader (one trial)."""
+    if not opts.config:
+        return None
+    from determined_launch import expconf  # a pure leaf, like hparams
+
+    try:
+        return expconf.load(opts.config, trial=True)
+    except expconf.ConfigError as e:
+        raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
+
+
+def searcher_env(opts: LocalTrialOptions, env: Mapping[str, str]) -> dict[str, str]:
+    """``--config``'s searcher metric, direction and unit, as the variables
+    ``det-launch experiment`` hands its trials (retention ranks checkpoints by
+    the metric, ``get_configured_units()`` reads the unit), where ``env`` does
+    not already set them."""
+    conf = _load(opts)
+    if conf is None or conf.raw.get("searcher") is None:
+        return {}
+    searcher = conf.searcher
+    out = {envvars.SEARCHER_METRIC: searcher.metric,
+           envvars.SMALLER_IS_BETTER: "true" if searcher.smaller_is_better else "false"}
+    if searcher.unit is not None:
+        out[envvars.SEARCHER_UNIT] = searcher.unit.upper()
+    return {k: v for k, v in out.items() if not env.get(k)}
+
+
 def local_trial(opts: LocalTrialOptions) -> TrialInfo:
+    """The local trial: hyperparameters, seed and length from the options."""
     hparams: dict[str, Any] = {}
-    seed = 0
-    config: dict[str, Any] = {}
-    if opts.config:
-        try:
-            config = read_config(opts.config)
-        except ValueError as e:
-            raise ClusterInfoError(f"--config / {CONFIG_ENV}: {e}") from None
-        seed = config_seed(config)
+    conf = _load(opts)
+    config = dict(conf.raw) if conf is not None else {}
+    seed = config_seed(config)
+    # The searcher's length (0.38's max_time is a metric's, not the trial's).
+    max_length = (conf.searcher.max_length
+                  if conf is not None and conf.searcher.time_metric is None else None)
     try:
         if opts.hparams:
             hparams = parse_hparams(opts.hparams)
@@ -156,7 +189,8 @@ def local_trial(opts: LocalTrialOptions) -> TrialInfo:
     except ValueError as e:
         which = f"--hparams / {HPARAMS_ENV}" if opts.hparams else f"--config / {CONFIG_ENV}"
         raise ClusterInfoError(f"{which}: {e}") from None
-    return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed, local=True)
+    return TrialInfo(trial_id=LOCAL_TRIAL_ID, hparams=hparams, trial_seed=seed,
+                     max_length=max_length, local=True)
 
 
 def default_run_dir(trial: Optional[TrialInfo]) -> pathlib.Path:
