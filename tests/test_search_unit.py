@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -153,8 +155,10 @@ def test_argv_split_and_entrypoints() -> None:
         "torch", ["python3", "train.py"])
     assert command.entrypoint_command(["python3", "train.py"], "x") == (
         "exec", ["--", "python3", "train.py"])
-    with pytest.raises(LaunchError, match="model_def:Trial"):
-        command.entrypoint_command(["model_def:MyTrial"], "x")
+    # a legacy Trial class runs in the legacy runner, with the experiment's own config
+    assert command.entrypoint_command(["model_def:MyTrial"], "exp.yaml") == (
+        "torch", ["--", sys.executable, "-m", "determined_launch.pytorch", "--config",
+                  os.path.abspath("exp.yaml"), "model_def:MyTrial"])
     ns = p.parse_args(["exp.yaml", "--slots", "2", "--dry-run", "--preempt-grace", "5"])
     assert command.trial_flags(ns) == ["--preempt-grace", "5", "--dry-run"]
 

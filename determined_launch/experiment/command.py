@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 
 from determined_launch import config
@@ -55,10 +56,26 @@ def trial_identity_env() -> tuple[str, ...]:
     return tuple(o.env for o in config.OPTIONS if o.name in TRIAL_IDENTITY and o.env)
 
 
+#: Fields the legacy runner reads (a ``model_def:Class`` entrypoint), which are
+#: Determined-only for any other command
+RUNNER_FIELDS = ("data", "min_validation_period", "min_checkpoint_period", "scheduling_unit",
+                 "optimizations", "profiling", "checkpoint_policy", "perform_initial_validation")
+RUNNER_MODULE = "determined_launch.pytorch"
+
+
+def unused_fields(ignored: Sequence[str], args: Sequence[str]) -> tuple[str, ...]:
+    """The config's Determined-only fields, less what the trials' command reads."""
+    if RUNNER_MODULE not in args:
+        return tuple(ignored)
+    return tuple(f for f in ignored if f not in RUNNER_FIELDS)
+
+
 def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]]:
-    """A Determined ``entrypoint`` as our subcommand and its arguments:
-    ``python3 -m determined.launch.torch_distributed ARGS`` is ``torch ARGS``;
-    any other command runs once per node (``exec``)."""
+    """A Determined ``entrypoint`` (of the config file ``where``) as our
+    subcommand and its arguments: ``python3 -m determined.launch.torch_distributed
+    ARGS`` is ``torch ARGS``; ``model_def:Class`` runs the legacy runner with the
+    config (``torch -- python -m determined_launch.pytorch --config WHERE
+    model_def:Class``); any other command runs once per node (``exec``)."""
     words = list(words)
     if len(words) >= 3 and os.path.basename(words[0]).startswith("python") and words[1] == "-m":
         sub = ENTRYPOINT_MODULES.get(words[2])
@@ -68,8 +85,9 @@ def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]
                 raise LaunchError(f"{where}: entrypoint: {words[2]} without a script to run")
             return sub, rest
     if len(words) == 1 and ":" in words[0] and "/" not in words[0] and " " not in words[0]:
-        raise LaunchError(f"{where}: entrypoint: {words[0]!r} is a Trial class (model_def:"
-                          "Trial); det-launch experiment runs commands: use "
-                          "'python3 -m determined.launch.torch_distributed python3 -m "
-                          f"determined_launch.pytorch {words[0]}'")
+        # A legacy Trial class, as Determined runs it: the legacy runner under torch (one
+        # rank per slot), with the experiment's own config for everything but the hparams
+        # (those come with the trial's cluster info).
+        return "torch", ["--", sys.executable, "-m", RUNNER_MODULE, "--config",
+                         os.path.abspath(where), words[0]]
     return "exec", ["--", *words]

@@ -121,6 +121,8 @@ class Driver:
         self.experiment_id = zlib.crc32(setup.conf.name.encode()) & 0x7FFFFFFF
         self.running: dict[int, tuple[Any, TrialProcess]] = {}
         self.restarts: dict[int, int] = {}
+        #: how each trial's last run failed, when it failed without progress
+        self._failed_as: dict[int, Optional[tuple[int, str]]] = {}
         self.stopping = 0  # number of stop signals received
         self.error: Optional[LaunchError] = None
         self.failures = 0
@@ -296,17 +298,30 @@ class Driver:
                             f"{plain(value)}")
             return
         restarts = self.restarts.get(number, 0)
-        if restarts < self.s.conf.max_restarts and self.stopping == 0:
+        # The same failure again with no progress between (no report, no checkpoint): a
+        # restart would fail the same way, so it is said once and the trial fails now.
+        key = proc.failure_key(code)
+        again = key is not None and self._failed_as.get(number) == key
+        self._failed_as[number] = key
+        ended = "\n".join(f"  | {line}" for line in proc.tail(8).splitlines())
+        if again:
+            self.s.on_event(f"trial {tid}: exit status {code} again, at the same point as before "
+                            f"its restart (no report or checkpoint since): not restarting it; "
+                            f"its output ({proc.log_path}) ended:\n{ended}")
+        elif restarts < self.s.conf.max_restarts and self.stopping == 0:
             self.restarts[number] = restarts + 1
             self.s.on_event(f"trial {tid}: exit status {code}; restart {restarts + 1} of "
-                            f"{self.s.conf.max_restarts} from its last checkpoint")
+                            f"{self.s.conf.max_restarts} from its last checkpoint; its output "
+                            f"({proc.log_path}) ended:\n{ended}")
             self._start(trial)
             return
-        trial.set_user_attr(se.ATTR_ERROR, f"exit status {code}")
+        else:
+            self.s.on_event(f"trial {tid}: failed with exit status {code}; see {proc.log_path}"
+                            f"\n{ended}")
+        trial.set_user_attr(se.ATTR_ERROR, f"exit status {code}" + (
+            " (the same failure after a restart)" if again else ""))
         self.study.tell(trial, state=states.FAIL)
         self.failures += 1
-        self.s.on_event(f"trial {tid}: failed with exit status {code}; see {proc.log_path}\n"
-                        f"{proc.tail()}")
 
     def _heartbeat(self) -> None:
         now = time.monotonic()

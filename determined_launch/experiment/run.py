@@ -22,6 +22,7 @@ from determined_launch.experiment.command import (
     refuse_trial_identity,
     trial_flags,
     trial_identity_env,
+    unused_fields,
 )
 from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
 from determined_launch.experiment.trial import private_dir, write_private
@@ -107,9 +108,10 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
         check_storage(parse_storage(conf.checkpoint_storage, where=str(conf.path)), probe=True)
     exp_dir = pathlib.Path(opts["experiment_dir"] or pathlib.Path("det_experiments", conf.name))
     exp_dir = private_dir(exp_dir.absolute())
-    if conf.ignored:
+    ignored = unused_fields(conf.ignored, args)
+    if ignored:
         print(f"det-launch experiment: ignoring Determined-only fields: "
-              f"{', '.join(conf.ignored)}", file=sys.stderr)
+              f"{', '.join(ignored)}", file=sys.stderr)
     write_experiment_file(exp_dir, conf, opts["study_storage"])
     live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better, exp_dir)
     for var in trial_identity_env():

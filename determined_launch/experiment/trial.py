@@ -23,6 +23,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -147,6 +148,9 @@ class TrialProcess:
         #: length -> value of every observation already told to the study
         self.seen: dict[int, float] = {}
         self.started = 0.0
+        #: the checkpoint this run resumed from
+        self.resumed_from: Optional[str] = None
+        self._log_start = 0
 
     def start(self, info: ClusterInfo, argv: Sequence[str], env: Mapping[str, str],
               checkpoint_storage: str) -> None:
@@ -158,7 +162,7 @@ class TrialProcess:
         trial = TrialInfo(trial_id=self.spec.trial_id, hparams=dict(self.spec.hparams),
                           trial_seed=self.spec.seed, experiment_id=self.spec.experiment_id,
                           max_length=self.spec.max_length)
-        resumed = latest_checkpoint(self.run_dir)
+        resumed = self.resumed_from = latest_checkpoint(self.run_dir)
         info = dataclasses.replace(info, trial=trial, latest_checkpoint=resumed)
         info_file = self.dir / "cluster_info.json"
         write_private(info_file, json.dumps(info.to_file_dict(), indent=1) + "\n")
@@ -172,6 +176,7 @@ class TrialProcess:
         if info.job_secret:
             child_env.setdefault(envvars.DIST_SECRET, info.job_secret)
         self._log = open(self.log_path, "ab")
+        self._log_start = self._log.tell()  # this run's output starts here (restarts append)
         self.started = time.monotonic()
         # Its own session: a Ctrl-C or scheduler signal reaches the driver, which
         # stops every trial through preemption instead of each trial dying alone.
@@ -246,11 +251,23 @@ class TrialProcess:
         return isinstance(data, dict) and data.get("reason") in INVALID_HP_REASONS
 
     def tail(self, lines: int = 5) -> str:
+        """The last lines of this run's output (not of the runs before a restart)."""
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
         return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def failure_key(self, code: int) -> Optional[tuple[int, str]]:
+        """What identifies this run's failure when it made no progress (no new
+        report, no new checkpoint): its exit status and how its output ended,
+        numbers masked (process ids, times, addresses). ``None`` after progress:
+        a restart may then get further."""
+        if self.reports or latest_checkpoint(self.run_dir) != self.resumed_from:
+            return None
+        return code, re.sub(r"\d+", "#", self.tail())
 
 
 def _term_with_parent() -> None:
