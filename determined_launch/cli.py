@@ -46,10 +46,26 @@ BACKENDS = {
 
 
 
+#: every subcommand, for --help; the last two have their own parsers and come first
+COMMANDS = {
+    "torch": "launch torch.distributed workers (torchrun)",
+    "horovod": "launch Horovod workers (horovodrun)",
+    "deepspeed": "launch DeepSpeed workers",
+    "exec": "run a command once per node",
+    "info": "print the detected cluster and the trial the workers would get",
+    "experiment": "a hyperparameter search from a Determined experiment config",
+    "checkpoints": "list checkpoints, or find and remove leftovers (det-launch checkpoints -h)",
+    "ui": "the web UI over experiments and runs (det-launch ui -h)",
+}
+OWN_PARSER = ("checkpoints", "ui")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = UsageParser(
         prog="det-launch",
-        description="Determined's distributed launch layer for any cluster.",
+        description="Determined's distributed launch layer for any cluster.\n\ncommands:\n"
+        + "\n".join(f"  {name:<13}{what}" for name, what in COMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 success; the first failing worker's status (128+N for signal "
         "N); 130/143 when interrupted by SIGINT/SIGTERM; 2 usage or configuration error; "
         "75 preempted after acknowledgement (resumable).",
@@ -59,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         "--disable-detector", action="append", default=[], metavar="NAME", help="skip a detector"
     )
     config.add_flags(p)
-    p.add_argument("command", choices=[*BACKENDS, "info", "experiment"])
+    p.add_argument("command", choices=list(COMMANDS))
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
@@ -117,6 +133,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LaunchError as e:
         print(f"det-launch: error: {e}", file=sys.stderr)
         return e.exit_status
+    if ns.command in OWN_PARSER:  # reached only when options came first
+        print(f"det-launch: error: launcher options do not apply to {ns.command}; use "
+              f"det-launch {ns.command} ...", file=sys.stderr)
+        return EXIT_USAGE
     if ns.command == "experiment":  # its own parser: options may follow CONFIG.yaml
         from determined_launch.experiment.cli import main as experiment_main
 

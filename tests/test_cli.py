@@ -49,3 +49,20 @@ def test_usage_errors_exit_2_with_one_line() -> None:
         assert message in r.stderr
         assert "Traceback" not in r.stderr
     assert run("frobnicate").returncode == 2
+
+
+def test_help_lists_every_command() -> None:
+    r = subprocess.run([sys.executable, "-m", "determined_launch.cli", "--help"],
+                       capture_output=True, text=True, env=base_env(), timeout=60, check=False)
+    assert r.returncode == 0
+    listed = [line.split()[0] for line in r.stdout.split("commands:\n")[1].splitlines()
+              if line.startswith("  ") and line.split()]
+    for command in ("torch", "horovod", "deepspeed", "exec", "info", "experiment",
+                    "checkpoints", "ui"):
+        assert command in listed, r.stdout
+    # Commands with their own parser come first; after launcher options they are one line.
+    r = subprocess.run([sys.executable, "-m", "determined_launch.cli", "--slots", "2",
+                        "checkpoints", "list", "x"], capture_output=True, text=True,
+                       env=base_env(), timeout=60, check=False)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "launcher options do not apply to checkpoints" in r.stderr
