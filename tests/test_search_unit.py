@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import pathlib
 import sys
@@ -254,5 +255,10 @@ def test_the_example_config_loads_and_maps_its_entrypoint() -> None:
     assert (c.searcher.name, c.searcher.time_metric, c.searcher.max_length) == (
         "adaptive_asha", "batches", 400)
     assert c.entrypoint is not None
-    assert command.entrypoint_command(c.entrypoint, "x") == ("torch", ["python3", "train.py"])
-    assert (example / "train.py").exists()
+    # "no torch needed": its entrypoint runs the script as it is, and the script imports no torch
+    assert command.entrypoint_command(c.entrypoint, "x") == ("exec", ["--", "python3", "train.py"])
+    script = (example / "train.py").read_text()
+    imported = {a.name.split(".")[0] for n in ast.walk(ast.parse(script))
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])}
+    assert "torch" not in imported and "determined_launch" in imported
