@@ -34,9 +34,28 @@ def _base(root: str) -> str:
     return os.path.realpath(root)
 
 
+#: directory -> (its inode, its real path): a file's real path is then its directory's
+#: (one lstat of the directory to see it is the same one) unless the file is a symlink
+_DIRS: dict[str, tuple[int, str]] = {}
+
+
+def _realpath(path: str) -> str:
+    directory, name = os.path.split(path)
+    try:
+        if not name or name in (".", "..") or os.path.islink(path):
+            return os.path.realpath(path)
+        ino = os.lstat(directory).st_ino
+    except OSError:
+        return os.path.realpath(path)
+    hit = _DIRS.get(directory)
+    if hit is None or hit[0] != ino:
+        hit = _DIRS[directory] = (ino, os.path.realpath(directory))
+    return os.path.join(hit[1], name)
+
+
 def confined(path: str, roots: Sequence[str]) -> Optional[str]:
     """``path``'s real path if it lies under a root's real path, else None."""
-    real = os.path.realpath(path)
+    real = _realpath(path)
     for root in roots:
         base = _base(root)
         if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
@@ -199,8 +218,9 @@ class Streams:
                         continue  # a torn line after a crash
                     if isinstance(record, dict):
                         entry.table.add(record)
-                if end < len(chunk):
-                    f.seek(entry.offset)
+                if len(chunk) < CHUNK:
+                    return  # the end of the file (no second read to learn it)
+                f.seek(entry.offset)
 
 
 def tail_bytes(path: str, roots: Sequence[str], offset: Optional[int],

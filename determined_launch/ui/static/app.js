@@ -298,7 +298,7 @@ async function runPage(kind, name, tid) {
 }
 
 function buildRunShell(kind, name, tid, base) {
-  const p = page.parts = {head: h("div", {class: "card"}), hparams: h("div", {class: "card"}),
+  const p = page.parts = {head: h("div", {class: "card"}), hparams: h("div"),
     charts: h("div", {class: "charts"}), ckpts: h("div", {class: "card"}),
     events: h("div", {class: "card"}), logs: h("pre", {class: "logs"})};
   page.rank = ""; page.follow = true; page.logOffset = null;
