@@ -232,22 +232,20 @@ class Api:
         return self.catalog.runs().get(name)
 
     def runs(self) -> list[dict[str, Any]]:
-        out = []
-        for name, path in self.catalog.runs().items():
-            start, last = self.runs_reader.activity(path)
-            active = last is not None and time.time() - last < ACTIVE
-            out.append({"name": name, "path": path, "start": start, "last_update": last,
-                        "state": "active" if active else "idle",
-                        "steps_completed": self.runs_reader.last_step(path)})
-        return shape.finite(out)
+        return [self._run_summary(name, path) for name, path in self.catalog.runs().items()]
+
+    def _run_summary(self, name: str, path: str) -> dict[str, Any]:
+        start, last = self.runs_reader.activity(path)
+        active = last is not None and time.time() - last < ACTIVE
+        return shape.finite({"name": name, "path": path, "start": start, "last_update": last,
+                             "state": "active" if active else "idle",
+                             "steps_completed": self.runs_reader.last_step(path)})
 
     def run(self, name: str) -> Optional[dict[str, Any]]:
         path = self.run_dir(name)
         if path is None:
             return None
-        summary = [r for r in self.runs() if r["name"] == name]
-        return shape.finite({**(summary[0] if summary else {"name": name}),
-                             **self._run_details(path)})
+        return shape.finite({**self._run_summary(name, path), **self._run_details(path)})
 
     def run_storage(self, name: str) -> list[str]:
         path = self.run_dir(name)

@@ -74,6 +74,8 @@ class UiServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], api: Api, token: Optional[str]) -> None:
         self.api = api
         self.token = token
+        #: (run dir, group, max_points, since) -> (the rows object, its JSON)
+        self.encoded: dict[tuple[Any, ...], tuple[list[Any], bytes]] = {}
         self.assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, Handler)
@@ -221,7 +223,15 @@ class Handler(BaseHTTPRequestHandler):
                 raise NotFound  # a group is a stream's name, never a path
             points = _int(query, "max_points", 2, MAX_POINTS)
             since = _int(query, "since", 0, 1 << 62) or 0
-            return _json(reader.metrics(run_dir, group, points, since))
+            rows = reader.metrics(run_dir, group, points, since)
+            # Downsampled rows are one cached list until the stream grows: encode it once.
+            key = (run_dir, group, points, since)
+            hit = self.server.encoded.get(key)
+            if hit is None or hit[0] is not rows:
+                if len(self.server.encoded) > 1024:
+                    self.server.encoded.clear()
+                hit = self.server.encoded[key] = (rows, _json(rows)[0])
+            return hit[1], "application/json", {}
         if seg == ["checkpoints"]:
             return _json(reader.checkpoints(run_dir, storage))
         if seg == ["logs"]:
