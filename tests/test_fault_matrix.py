@@ -249,38 +249,56 @@ SAVER = textwrap.dedent("""
 """)
 
 
+def _kill_a_saver(tmp: Path, run: Path, storage: str, seconds: float) -> bool:
+    """Start ``SAVER`` and SIGKILL it ``seconds`` after it is ready; False if it never was."""
+    script = tmp / "saver.py"
+    script.write_text(SAVER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(run), storage],
+                            stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    ready = proc.stdout.readline() == b"ready\n"
+    if ready:
+        time.sleep(seconds)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return ready
+
+
+def _committed(ctx: Any, size_of: Callable[[str, int], int]) -> Outcome:
+    """Every committed checkpoint whole; ``latest()`` one of them."""
+    ids = ctx.checkpoint.committed_ids()
+    latest = ctx.checkpoint.latest()
+    if ids and latest not in ids:
+        return f"latest() {latest} is not committed"
+    for sid in ids:
+        sizes = [size_of(sid, i) for i in range(4)]
+        if sizes != [200_000] * 4:
+            return f"committed checkpoint {sid} is partial: {sizes}"
+    return None
+
+
 def checkpoint_sigkill(tmp: Path, rng: random.Random) -> Outcome:
     """A saver SIGKILLed at a random moment: every committed checkpoint is
     whole, and ``latest()`` names a committed one."""
     from determined_launch import core
 
-    script, storage, run = tmp / "saver.py", tmp / "ckpts", tmp / "run"
-    script.write_text(SAVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script), str(run), str(storage)],
-                            stdout=subprocess.PIPE, env=env)
-    assert proc.stdout is not None
-    if proc.stdout.readline() != b"ready\n":
+    storage, run = tmp / "ckpts", tmp / "run"
+    if not _kill_a_saver(tmp, run, str(storage), rng.uniform(0.05, 1.0)):
         return "the saver did not start"
-    time.sleep(rng.uniform(0.05, 1.0))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+
+    def size_of(sid: str, i: int) -> int:
+        part = storage / sid / f"part{i}"
+        return part.stat().st_size if part.is_file() else -1
+
     with core.init(run_dir=str(run), checkpoint_storage=str(storage)) as ctx:
-        ids = ctx.checkpoint.committed_ids()
-        latest = ctx.checkpoint.latest()
-        if ids and latest not in ids:
-            return f"latest() {latest} is not committed"
-        for sid in ids:
-            parts = sorted((storage / sid).glob("part*"))
-            if len(parts) != 4 or any(p.stat().st_size != 200_000 for p in parts):
-                return f"committed checkpoint {sid} is partial"
-    return None
+        return _committed(ctx, size_of)
 
 
 def checkpoint_sigkill_s3(tmp: Path, rng: random.Random, block: Optional[dict] = None
                           ) -> Outcome:
-    """The same on S3 (moto's server): every committed checkpoint is whole,
-    and the launcher's resume point is ``latest()``'s (issue 24, item 4.5)."""
+    """The same on S3 (moto's server), and the launcher's resume point is
+    ``latest()``'s (issue 24, item 4.5)."""
     import yaml
 
     from determined_launch import core
@@ -290,28 +308,21 @@ def checkpoint_sigkill_s3(tmp: Path, rng: random.Random, block: Optional[dict] =
     from determined_launch.launcher import commit_check
 
     assert block is not None
-    spec_file, script, run = tmp / "storage.yaml", tmp / "saver.py", tmp / "run"
+    spec_file, run = tmp / "storage.yaml", tmp / "run"
     spec_file.write_text(yaml.safe_dump(block))
-    script.write_text(SAVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script), str(run), str(spec_file)],
-                            stdout=subprocess.PIPE, env=env)
-    assert proc.stdout is not None
-    if proc.stdout.readline() != b"ready\n":
+    if not _kill_a_saver(tmp, run, str(spec_file), rng.uniform(0.3, 4.0)):
         return "the saver did not start"
-    time.sleep(rng.uniform(0.3, 4.0))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     backend: Any = open_storage(parse_storage(block, where="matrix"))
+
+    def size_of(sid: str, i: int) -> int:
+        path = f"{backend._path(sid)}/part{i}"
+        return int(backend.fs.size(path)) if backend.fs.exists(path) else -1
+
     with core.init(run_dir=str(run), checkpoint_storage=block) as ctx:
-        ids = ctx.checkpoint.committed_ids()
+        problem = _committed(ctx, size_of)
         latest = ctx.checkpoint.latest()
-    if ids and latest not in ids:
-        return f"latest() {latest} is not committed"
-    for sid in ids:
-        sizes = [backend.fs.size(f"{backend._path(sid)}/part{i}") for i in range(4)]
-        if sizes != [200_000] * 4:
-            return f"committed checkpoint {sid} is partial: {sizes}"
+    if problem is not None:
+        return problem
     env_ = {"DET_RUN_DIR": str(run), "DET_CHECKPOINT_STORAGE": str(spec_file)}
     info = ClusterInfo.from_mapping({"container_addrs": ["127.0.0.1"], "container_rank": 0,
                                      "container_slot_counts": [1]}, source="m", where="m")
