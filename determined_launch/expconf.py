@@ -54,6 +54,15 @@ _SEARCHER_FIELDS: dict[str, set[str]] = {
 }
 _SEARCHER_COMMON = {"name", "metric", "smaller_is_better", "time_metric", "max_time"}
 _SEARCHER_IGNORED = {"source_trial_id", "source_checkpoint_uuid", "unit"}
+#: Determined's fields of the sections the legacy runner (or a seed) reads
+_SECTION_FIELDS: dict[str, set[str]] = {
+    "optimizations": {"aggregation_frequency", "average_aggregated_gradients",
+                      "average_training_metrics", "gradient_compression",
+                      "grad_updates_size_file", "mixed_precision", "tensor_fusion_threshold",
+                      "tensor_fusion_cycle_time", "auto_tune_tensor_fusion"},
+    "profiling": {"enabled", "begin_on_batch", "end_after_batch", "sync_timings"},
+    "reproducibility": {"experiment_seed"},
+}
 #: ``resources`` fields besides ``slots_per_trial``: Determined's scheduler's
 _RESOURCES_IGNORED = {"slots", "max_slots", "weight", "priority", "resource_pool", "shm_size",
                       "agent_label", "devices", "native_parallel", "is_single_node"}
@@ -138,6 +147,9 @@ _NO_SEARCHER = SearcherConfig(name="single", metric="validation_loss", smaller_i
 def parse(raw: Mapping[str, Any], path: pathlib.Path, *, trial: bool = False) -> ExperimentConfig:
     where = str(path)
     _check_known(raw, _USED | _IGNORED, f"{where}: ")
+    for section, fields in _SECTION_FIELDS.items():
+        if isinstance(raw.get(section), Mapping):
+            _check_known(raw[section], fields, f"{where}: {section}: ")
     try:
         space = hp.parse_hyperparameters(raw.get("hyperparameters"))
     except hp.HParamError as e:

@@ -35,6 +35,9 @@ def _one_line(r: subprocess.CompletedProcess[str]) -> str:
      "exp.yaml: unknown field(s) min_validaton_period (did you mean min_validation_period?)"),
     (SEARCHER + "resources: {slots_per_trail: 2}\n",
      "exp.yaml: resources: unknown field(s) slots_per_trail (did you mean slots_per_trial?)"),
+    (SEARCHER + "optimizations: {aggregation_frequncy: 2}\n",
+     "exp.yaml: optimizations: unknown field(s) aggregation_frequncy (did you mean "
+     "aggregation_frequency?)"),
     ("searcher: {name: single, metric: loss, max_lenght: 4}\n",
      "exp.yaml: searcher: unknown field(s) max_lenght (did you mean max_length?) for searcher "
      "single"),
