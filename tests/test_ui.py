@@ -21,6 +21,7 @@ from determined_launch.ui import files, shape
 from determined_launch.ui.api import Api
 from determined_launch.ui.server import UiServer
 from tests._ui_helpers import NAME, SECRET, Served, make_experiment, make_run
+from tests._ui_helpers import _dist as _ui_dist
 
 pytest.importorskip("optuna")
 
@@ -138,6 +139,25 @@ def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
     assert api.trial(NAME, 99) is None and api.trials("nope") is None
     [run] = api.runs()
     assert run["name"] == "local" and run["steps_completed"] == 3
+
+
+def test_importance_names_the_hyperparameter_that_matters(tmp_path: pathlib.Path) -> None:
+    import optuna
+
+    from determined_launch.experiment import searchers as se
+
+    make_experiment(tmp_path)
+    api = Api([str(tmp_path)])
+    assert api.importance(NAME) == {"importance": {}, "method": "PED-ANOVA (Optuna)"}
+    storage = se.open_storage(None, str(tmp_path / NAME / "study.journal"))
+    study = optuna.load_study(study_name=NAME, storage=storage)
+    for i in range(40):  # the loss follows lr; width is noise
+        lr, width = 10 ** (-4 + 4 * i / 40), [32, 64][i % 2]
+        study.add_trial(optuna.trial.create_trial(
+            params={"lr": lr, "width": width}, distributions=_ui_dist(), value=lr))
+    time.sleep(0.6)
+    found = (api.importance(NAME) or {})["importance"]
+    assert set(found) == {"lr", "width"} and found["lr"] > found["width"]
 
 
 def test_new_experiments_appear_without_a_restart(tmp_path: pathlib.Path) -> None:

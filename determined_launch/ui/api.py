@@ -130,6 +130,16 @@ class Api:
                 print(f"det-launch ui: experiment {name}: {type(e).__name__}: {e}",
                       file=sys.stderr, flush=True)
 
+    def importance(self, name: str) -> Optional[dict[str, Any]]:
+        exp_dir = self.catalog.experiments().get(name)
+        if exp_dir is None:
+            return None
+        try:
+            values = self.studies.importance(exp_dir, self._record(exp_dir))
+        except StudyError as e:
+            return {"importance": {}, "error": str(e)}
+        return {"importance": shape.finite(values), "method": "PED-ANOVA (Optuna)"}
+
     def _entries(self, name: str) -> Optional[list[_Trial]]:
         exp_dir = self.catalog.experiments().get(name)
         if exp_dir is None:

@@ -199,6 +199,8 @@ class Handler(BaseHTTPRequestHandler):
                 return _json(_found(api.experiment(name)))
             if seg[2:] == ["trials"]:
                 return _found(api.trials_body(name)), "application/json", {}
+            if seg[2:] == ["importance"]:
+                return _json(_found(api.importance(name)))
             if seg[2:] == ["searcher_metric"]:
                 return _found(api.curves_body(name)), "application/json", {}
             if len(seg) >= 4 and seg[2] == "trials" and seg[3].isdigit():

@@ -179,6 +179,21 @@ function parallel(trials, metric, smaller, bestId) {
   return h("div", {class: "chart"}, svg);
 }
 
+function bars(title, entries) {
+  const W = 460, row = 22, L = 130, T = 26, H = T + row * entries.length + 8;
+  const top = Math.max(...entries.map((e) => e[1]), 1e-12);
+  const svg = h("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title},
+    h("text", {x: 8, y: 15, class: "title"}, title));
+  entries.forEach(([name, v], i) => {
+    const y = T + i * row;
+    svg.append(h("text", {x: L - 6, y: y + 14, "text-anchor": "end"}, name),
+      h("rect", {x: L, y: y + 3, height: row - 8, width: Math.max(1, (W - L - 60) * v / top),
+        fill: "#2463eb", class: "bar"}),
+      h("text", {x: L + (W - L - 60) * v / top + 6, y: y + 14}, fmt(v)));
+  });
+  return h("div", {class: "chart"}, svg);
+}
+
 // -- pages ---------------------------------------------------------------------------------
 const main = document.getElementById("main");
 let page = null;
@@ -211,8 +226,9 @@ async function home() {
 
 async function experiment(name) {
   const base = `${API}/experiments/${enc(name)}`;
-  const [s, t, c] = await Promise.all([get(base), get(`${base}/trials`), get(`${base}/searcher_metric`)]);
-  if (!s.changed && !t.changed && !c.changed && !page.dirty) return;
+  const [s, t, c, imp] = await Promise.all([get(base), get(`${base}/trials`),
+    get(`${base}/searcher_metric`), get(`${base}/importance`)]);
+  if (!s.changed && !t.changed && !c.changed && !imp.changed && !page.dirty) return;
   const x = s.data, trials = t.data;
   const bestId = x.best_trial ? x.best_trial.trial_id : null;
   const hp = [...new Set(trials.flatMap((r) => Object.keys(r.hparams || {})))].sort();
@@ -251,7 +267,9 @@ async function experiment(name) {
     x.error ? h("p", {class: "error"}, x.error) : null),
     h("div", {class: "charts"}, lineChart(`${x.metric} by trial${few}`, curves, "length"),
       trials.length ? parallel(trials.filter((r) => shown.has(r.trial_id)), x.metric,
-        x.smaller_is_better, bestId) : null),
+        x.smaller_is_better, bestId) : null,
+      Object.keys(imp.data.importance || {}).length ? bars(`hyperparameter importance (${imp.data.method})`,
+        Object.entries(imp.data.importance)) : null),
     ...card("Trials", h("div", {class: "toolbar"}, compare),
       table(cols, rows, {sortKey: `exp-${name}`, sortCol: 1})));
 }
