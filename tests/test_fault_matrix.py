@@ -332,7 +332,40 @@ def checkpoint_sigkill_s3(tmp: Path, rng: random.Random, block: Optional[dict] =
     return None
 
 
+# --- SIGINT / SIGTERM, one node -----------------------------------------------------
+def interrupted(tmp: Path, rng: random.Random) -> Outcome:
+    """``det-launch exec`` whose worker sleeps, sent SIGINT or SIGTERM: exit
+    130 / 143, and the worker is gone when the launcher returns."""
+    from tests.conftest import base_env
+
+    sig = rng.choice([signal.SIGINT, signal.SIGTERM])
+    pid_file = tmp / "pid"
+    code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-m", "determined_launch.cli", "exec", "--",
+                             sys.executable, "-c", code], env=base_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            return "the worker never started"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    try:
+        status = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return f"still running 30 s after {sig.name}"
+    worker_left = Path(f"/proc/{pid_file.read_text()}").exists()
+    want = 128 + sig
+    if status != want or worker_left:
+        return f"{sig.name}: exit {status} (want {want}), worker left: {worker_left}"
+    return None
+
+
 ROWS: dict[str, Callable[[Path, random.Random], Outcome]] = {
+    "SIGINT/SIGTERM, 1 node": interrupted,
     "torn journal": torn_journal,
     "replayed control stream": replay,
     "idle connections": idle_connections,
@@ -342,8 +375,8 @@ ROWS: dict[str, Callable[[Path, random.Random], Outcome]] = {
 }
 
 #: trials per row in the suite: all rows within about a minute on a busy 2-core machine
-SUITE_TRIALS = {"torn journal": 3, "replayed control stream": 1, "idle connections": 1,
-                "wire fuzz": 1, "malformed cluster-info file": 3,
+SUITE_TRIALS = {"SIGINT/SIGTERM, 1 node": 2, "torn journal": 3, "replayed control stream": 1,
+                "idle connections": 1, "wire fuzz": 1, "malformed cluster-info file": 3,
                 "checkpoint SIGKILL (directory)": 2}
 
 
