@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -74,6 +75,8 @@ class Api:
         #: rows of finished trials, which never change: (exp_dir, number) -> row
         #: finished trials, which never change: (exp_dir, number) -> row and curve
         self._final: dict[tuple[str, int], _Trial] = {}
+        self._lock = threading.Lock()
+        self._exp_locks: dict[str, threading.Lock] = {}
 
     # -- experiments ---------------------------------------------------------------
 
@@ -99,8 +102,8 @@ class Api:
         record = self._record(exp_dir)
         searcher = _section(record, "searcher")
         smaller = bool(searcher.get("smaller_is_better", True))
-        trials, error = self._study(exp_dir, record)
-        rows = [self._entry(exp_dir, t, smaller).row for t in trials]
+        entries, error = self._entries_at(exp_dir, record)
+        rows = [e.row for e in entries]
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -144,10 +147,16 @@ class Api:
         exp_dir = self.catalog.experiments().get(name)
         if exp_dir is None:
             return None
-        record = self._record(exp_dir)
+        return self._entries_at(exp_dir, self._record(exp_dir))[0]
+
+    def _entries_at(self, exp_dir: str, record: dict[str, Any]
+                    ) -> tuple[list[_Trial], Optional[str]]:
         smaller = bool(_section(record, "searcher").get("smaller_is_better", True))
-        trials, _ = self._study(exp_dir, record)
-        return [self._entry(exp_dir, t, smaller) for t in trials]
+        trials, error = self._study(exp_dir, record)
+        with self._lock:
+            lock = self._exp_locks.setdefault(exp_dir, threading.Lock())
+        with lock:  # the first reader of 10,000 trials' files does it once for all
+            return [self._entry(exp_dir, t, smaller) for t in trials], error
 
     def trials(self, name: str) -> Optional[list[dict[str, Any]]]:
         entries = self._entries(name)
