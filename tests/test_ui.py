@@ -160,6 +160,14 @@ def test_importance_names_the_hyperparameter_that_matters(tmp_path: pathlib.Path
     assert set(found) == {"lr", "width"} and found["lr"] > found["width"]
 
 
+def test_a_path_may_be_one_experiment_or_one_run(tmp_path: pathlib.Path) -> None:
+    exp = make_experiment(tmp_path / "a")
+    run = make_run(tmp_path / "b", "my-run")
+    api = Api([str(exp), str(run)])
+    assert [e["name"] for e in api.experiments()] == [NAME]
+    assert [r["name"] for r in api.runs()] == ["my-run"]
+
+
 def test_new_experiments_appear_without_a_restart(tmp_path: pathlib.Path) -> None:
     api = Api([str(tmp_path)])
     assert api.experiments() == []
