@@ -364,7 +364,57 @@ def interrupted(tmp: Path, rng: random.Random) -> Outcome:
     return None
 
 
+# --- node SIGKILL (two simulated nodes) ---------------------------------------------
+def node_sigkill(tmp: Path, rng: random.Random) -> Outcome:
+    """Two ``det-launch exec`` nodes on loopback; node 1's launcher SIGKILLed:
+    the chief stops with a non-zero status naming node 1, and no worker is left."""
+    from tests.conftest import base_env, free_port_block, write_cluster_info
+
+    port = free_port_block()
+    procs, pid_files = [], []
+    for rank in (0, 1):
+        info = write_cluster_info(tmp / f"node{rank}.json", container_addrs=["127.0.0.1"] * 2,
+                                  container_rank=rank, container_slot_counts=[1, 1])
+        pid_file = tmp / f"pid{rank}"
+        code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                "time.sleep(600)")
+        env = base_env(DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port),
+                       DET_DIST_SECRET="e" * 32, DET_KILL_AFTER="3")
+        procs.append(subprocess.Popen([sys.executable, "-m", "determined_launch.cli", "exec",
+                                       "--", sys.executable, "-c", code], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+        pid_files.append(pid_file)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(f.is_file() and f.read_text() for f in pid_files):
+            if time.monotonic() > deadline:
+                return "the workers never started"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 1))
+        procs[1].send_signal(signal.SIGKILL)
+        try:
+            _, err = procs[0].communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            return "the chief still runs 30 s after node 1's launcher was killed"
+        end = time.monotonic() + 10
+        left = [f for f in pid_files if Path(f"/proc/{f.read_text()}").exists()]
+        while left and time.monotonic() < end:
+            time.sleep(0.1)
+            left = [f for f in pid_files if Path(f"/proc/{f.read_text()}").exists()]
+        if procs[0].returncode == 0 or "node 1" not in err or left:
+            return (f"chief exit {procs[0].returncode}, workers left {[f.name for f in left]}: "
+                    f"{err.strip().splitlines()[-1:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return None
+
+
 ROWS: dict[str, Callable[[Path, random.Random], Outcome]] = {
+    "node SIGKILL (2 simulated nodes)": node_sigkill,
     "SIGINT/SIGTERM, 1 node": interrupted,
     "torn journal": torn_journal,
     "replayed control stream": replay,
@@ -375,8 +425,9 @@ ROWS: dict[str, Callable[[Path, random.Random], Outcome]] = {
 }
 
 #: trials per row in the suite: all rows within about a minute on a busy 2-core machine
-SUITE_TRIALS = {"SIGINT/SIGTERM, 1 node": 2, "torn journal": 3, "replayed control stream": 1,
-                "idle connections": 1, "wire fuzz": 1, "malformed cluster-info file": 3,
+SUITE_TRIALS = {"node SIGKILL (2 simulated nodes)": 1, "SIGINT/SIGTERM, 1 node": 2,
+                "torn journal": 3, "replayed control stream": 1, "idle connections": 1,
+                "wire fuzz": 1, "malformed cluster-info file": 3,
                 "checkpoint SIGKILL (directory)": 2}
 
 
