@@ -169,7 +169,7 @@ def test_a_single_run_is_preempted_and_resumes_from_latest_checkpoint(
     second = subprocess.run(cmd, cwd=work, env=base_env(), capture_output=True, text=True,
                             timeout=120)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "det-launch: resuming trial 0 from checkpoint" in second.stderr
+    assert "det-launch: trial 0: info.latest_checkpoint is " in second.stderr
     assert _epochs(second.stdout) == list(range(len(done), 4)), second.stdout
     per_epoch = 2048 // 4
     steps = [r["steps_completed"] for r in read_jsonl(validation)]

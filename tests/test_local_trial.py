@@ -170,7 +170,7 @@ def test_a_named_trial_resumes_only_its_own_checkpoints(cwd: pathlib.Path) -> No
     assert complete(_info(trial={"trial_id": 7}, resolved=True), {}).latest_checkpoint is None
     said: list[str] = []
     complete(trial7, {}, LocalTrialOptions(), say=said.append)
-    assert len(said) == 1 and f"resuming trial 7 from checkpoint {ckpt}" in said[0]
+    assert len(said) == 1 and f"trial 7: info.latest_checkpoint is {ckpt}" in said[0]
 
 
 def _run(argv: list[str], cwd: pathlib.Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -204,7 +204,7 @@ def test_tutorial_2_preempted_then_rerun_resumes(tmp_path: pathlib.Path) -> None
     r = _exec([sys.executable, TUTORIAL], tmp_path, *hp, DET_PREEMPT_FILE=str(preempt))
     assert r.returncode == 0, r.stderr
     assert _xs(r.stdout) == list(range(22, 61, 2)), r.stdout
-    assert r.stderr.count("det-launch: resuming trial 0 from checkpoint") == 1, r.stderr
+    assert r.stderr.count("det-launch: trial 0: info.latest_checkpoint is ") == 1, r.stderr
     r = _exec([sys.executable, TUTORIAL], tmp_path, *hp, "--fresh")
     assert r.returncode == 0 and _xs(r.stdout)[0] == 2 and "resuming" not in r.stderr
     # Bare, it is Determined's local mode: the tutorial's own assertion says so.
@@ -234,7 +234,7 @@ def test_tutorial_4_on_two_nodes_preempted_then_rerun_resumes(
     nodes = two_nodes()
     for launch in reversed(nodes):
         assert launch.wait(60) == 0, launch.stderr
-        assert "det-launch: resuming trial 0 from checkpoint" in launch.stderr
+        assert "det-launch: trial 0: info.latest_checkpoint is " in launch.stderr
         assert launch.leftovers(settle=0.0) == []
     assert _xs(nodes[0].stdout) == list(range(stopped + 2, 61, 2)), nodes[0].stdout
     runs = json.loads((tmp_path / "run" / "latest_checkpoint.json").read_text())

@@ -293,6 +293,9 @@ def complete(
         latest = latest_committed(run_dir, _storage_dir(info, env, run_dir), trial,
                                   is_committed)
         if latest is not None and say is not None:
-            say(f"resuming trial {trial.trial_id} from checkpoint {latest}, the newest in "
-                f"{run_dir} (--fresh / {FRESH_ENV}=1 starts over)")
+            # The script decides whether to resume (a Trainer needs fit(latest_checkpoint=)),
+            # so this says what is there, not what will happen.
+            say(f"trial {trial.trial_id}: info.latest_checkpoint is {latest}, the newest in "
+                f"{run_dir}; a script that passes it on resumes from it (--fresh / "
+                f"{FRESH_ENV}=1 starts over)")
     return dataclasses.replace(info, trial=trial, latest_checkpoint=latest, resolved=True)
