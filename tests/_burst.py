@@ -8,22 +8,18 @@ import random
 import re
 from pathlib import Path
 
-#: A worker: ``python BURST [RANK] N`` writes N lines (RANK defaults to
-#: $RANK), most 0-300 bytes, every 50th 4-60 KiB: longer than a pipe's
-#: atomic write (4 KiB), within wrap_rank's 64 KiB cap.
-BURST = '''
-import os, random, sys
+#: A worker: ``python burst.py [RANK] N`` writes ``expected(RANK, N)`` as
+#: fast as it can (RANK defaults to $RANK). Needs the repository on
+#: PYTHONPATH, as the tests' environments have it.
+BURST = """
+import os, sys
+from tests._burst import expected
 args = sys.argv[1:]
 rank = int(args.pop(0)) if len(args) > 1 else int(os.environ["RANK"])
-n = int(args[0])
-rnd = random.Random(rank)
-def size(i):
-    return rnd.randrange(4096, 61440) if i % 50 == 49 else rnd.randrange(0, 301)
-data = b"".join(b"R%d L%d %s\\n" % (rank, i, b"x" * size(i)) for i in range(n))
-view = memoryview(data)
+view = memoryview(b"".join(line + b"\\n" for line in expected(rank, int(args[0]))))
 while view:
     view = view[os.write(1, view[: 1 << 20]):]
-'''
+"""
 
 
 def write_burst(directory: Path) -> Path:
@@ -33,7 +29,9 @@ def write_burst(directory: Path) -> Path:
 
 
 def expected(rank: int, n: int) -> list[bytes]:
-    """What ``BURST`` writes as ``rank``, line by line."""
+    """Rank ``rank``'s lines without their newlines: most 0-300 bytes, every
+    50th 4-60 KiB (longer than a pipe's atomic write, within wrap_rank's
+    64 KiB cap)."""
     rnd = random.Random(rank)
 
     def size(i: int) -> int:
