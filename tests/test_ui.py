@@ -125,6 +125,11 @@ def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
     assert summary["trial_states"] == {"completed": 1, "stopped (ASHA)": 1,
                                        "invalid hparams": 1, "running": 1}
     trials = {t["trial_id"]: t for t in api.trials(NAME) or []}
+    deadline = time.monotonic() + 5  # finished trials' file columns come from a thread
+    while trials[1]["checkpoints"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        trials = {t["trial_id"]: t for t in api.trials(NAME) or []}
+    assert trials[4]["checkpoints"] == 0  # running: read at once
     assert trials[1]["hparams"] == {"lr": 0.01, "width": 32}
     assert trials[1]["length"] == 100 and trials[1]["checkpoints"] == 1
     assert trials[2]["state"] == "stopped (ASHA)" and trials[3]["state"] == "invalid hparams"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -52,13 +53,15 @@ class _Trial:
     def __init__(self, end: Optional[float], row: dict[str, Any],
                  curve: dict[str, Any]) -> None:
         self.end, self.row, self.curve = end, row, curve
-        self._row_json: Optional[bytes] = None
+        self._row_json: Optional[tuple[dict[str, Any], bytes]] = None
         self._curve_json: Optional[bytes] = None
 
     def row_json(self) -> bytes:
-        if self._row_json is None:
-            self._row_json = json.dumps(self.row, separators=(",", ":")).encode()
-        return self._row_json
+        row = self.row  # replaced whole when its file columns arrive (Api._fill)
+        cached = self._row_json
+        if cached is None or cached[0] is not row:
+            cached = self._row_json = (row, json.dumps(row, separators=(",", ":")).encode())
+        return cached[1]
 
     def curve_json(self) -> bytes:
         if self._curve_json is None:
@@ -77,6 +80,8 @@ class Api:
         self._final: dict[tuple[str, int], _Trial] = {}
         self._lock = threading.Lock()
         self._exp_locks: dict[str, threading.Lock] = {}
+        self._pending: queue.SimpleQueue[_Trial] = queue.SimpleQueue()
+        self._filler: Optional[threading.Thread] = None
 
     # -- experiments ---------------------------------------------------------------
 
@@ -184,14 +189,44 @@ class Api:
         cached = self._final.get(key)
         if cached is not None and cached.end == end:
             return cached
-        row = self._compute_row(exp_dir, t, smaller)
+        finished = end is not None and t.state.name != "RUNNING"
+        row = self._compute_row(exp_dir, t, smaller, files=not finished)
         entry = _Trial(end, row, {"trial_id": row["trial_id"], "state": row["state"],
                                   "points": shape.finite(sorted(t.intermediate_values.items()))})
-        if end is not None and t.state.name != "RUNNING":
+        if finished:
             self._final[key] = entry
+            self._pending.put(entry)
+            self._start_filler()
         return entry
 
-    def _compute_row(self, exp_dir: str, t: Any, smaller: bool) -> dict[str, Any]:
+    def _start_filler(self) -> None:
+        """A finished trial's file columns (checkpoints, restarts) are read by
+        one background thread: a 10,000-trial table is served at once from the
+        study, and its columns fill in within seconds (the pages are live)."""
+        with self._lock:
+            if self._filler is None:
+                self._filler = threading.Thread(target=self._fill, daemon=True,
+                                                name="trial-files")
+                self._filler.start()
+
+    def _fill(self) -> None:
+        while True:
+            entry = self._pending.get()
+            try:
+                columns = self._file_columns(entry.row["path"])
+            except Exception as e:  # noqa: BLE001 (one unreadable trial leaves a gap, not a dead thread)
+                print(f"det-launch ui: {entry.row['path']}: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
+                continue
+            entry.row = shape.finite({**entry.row, **columns})
+
+    def _file_columns(self, run_dir: str) -> dict[str, Any]:
+        return {"checkpoints": sum(1 for c in self.runs_reader.table(run_dir, "checkpoints")
+                                   .records if c.get("storage_id")),
+                "restarts": self.runs_reader.regressions(run_dir)}
+
+    def _compute_row(self, exp_dir: str, t: Any, smaller: bool,
+                     files: bool = True) -> dict[str, Any]:
         from determined_launch.experiment import report
 
         values = t.intermediate_values
@@ -203,10 +238,9 @@ class Api:
             "latest_value": values[length] if length is not None else None,
             "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
             "error": shape.redact(t.user_attrs.get("det_error"))}
-        run_dir = self.trial_dir_of(exp_dir, t.number + 1)
-        row["checkpoints"] = sum(1 for c in self.runs_reader.table(
-            run_dir, "checkpoints").records if c.get("storage_id"))
-        row["restarts"] = self.runs_reader.regressions(run_dir)
+        row["path"] = self.trial_dir_of(exp_dir, t.number + 1)
+        row.update(self._file_columns(row["path"]) if files else
+                   {"checkpoints": None, "restarts": None})
         return shape.finite(row)
 
     def trial_dir_of(self, exp_dir: str, trial_id: int) -> str:
