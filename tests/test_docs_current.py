@@ -35,3 +35,4 @@ def test_no_doc_says_checkpoint_gc_or_search_are_missing() -> None:
         for sentence in re.findall(r"[^.]*(?:Not available|not available)[^.]*\.", text):
             for feature in ("garbage collection", "hyperparameter search", "web UI"):
                 assert feature not in sentence, (doc.name, sentence)
+        assert "No web UI" not in text, doc  # det-launch ui
