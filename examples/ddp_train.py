@@ -12,10 +12,12 @@ identical weights, and the chief prints the loss and the weight error.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401 -- before init_process_group: see end_process_group()
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
@@ -29,6 +31,26 @@ def main() -> None:
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
+    train(args)
+    end_process_group()
+
+
+def end_process_group() -> None:
+    """End the group while the interpreter is alive. A gloo worker thread lets go
+    of a finished collective just after the caller sees it complete; if that is
+    left to interpreter exit, it needs the GIL there and the rank aborts
+    ("terminate called without an active exception", status 134). Only the
+    group's destructor joins those threads, so nothing may keep the group alive:
+    the DDP model (freed when train() returned; it sits in a reference cycle,
+    hence gc.collect()) and torch.distributed.nn, which keeps the group it sees
+    at import as a default argument (hence imported before init_process_group).
+    """
+    dist.barrier()  # no rank closes its connections while a peer still uses them
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same data and initial weights everywhere
     w_true = torch.randn(16, 1)
@@ -58,7 +80,6 @@ def main() -> None:
         same = max(errs) - min(errs) < 1e-6
         print(f"done: world={world} local_rank={os.environ['LOCAL_RANK']} "
               f"max weight error {err:.4f}; ranks agree: {same}", flush=True)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

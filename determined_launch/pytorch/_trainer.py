@@ -27,6 +27,7 @@ from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._checkpoint_io import find_state_file
 from determined_launch.pytorch._compat import _InitHandle, _Seed002Mixin
 from determined_launch.pytorch._context import PyTorchTrialContext, shard_batch_size
+from determined_launch.pytorch._teardown import end_process_group
 from determined_launch.pytorch._trial import PyTorchTrial
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
 
@@ -123,6 +124,7 @@ def _init(
     started_pg = False
     if distributed is None:
         distributed, started_pg = _auto_distributed()
+    context: Optional[PyTorchTrialContext] = None
     try:
         core_context = core.init(
             distributed=distributed,
@@ -157,9 +159,12 @@ def _init(
                 yield context
             finally:
                 context._maybe_reset_tbd_writer()
-    finally:
-        if started_pg and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    except BaseException:
+        if started_pg:  # no barrier: a peer that failed would never arrive
+            end_process_group(barrier=False, models=context.models if context is not None else ())
+        raise
+    if started_pg:
+        end_process_group(barrier=True, models=context.models if context is not None else ())
 
 
 def _shard(size: int, global_batch_size: int) -> int:
