@@ -364,10 +364,11 @@ def interrupted(tmp: Path, rng: random.Random) -> Outcome:
     return None
 
 
-# --- node SIGKILL (two simulated nodes) ---------------------------------------------
-def node_sigkill(tmp: Path, rng: random.Random) -> Outcome:
-    """Two ``det-launch exec`` nodes on loopback; node 1's launcher SIGKILLed:
-    the chief stops with a non-zero status naming node 1, and no worker is left."""
+# --- two simulated nodes: node SIGKILL, first failure ------------------------------
+def _two_exec_nodes(tmp: Path, codes: tuple[str, str]) -> tuple[list[subprocess.Popen[str]],
+                                                                  list[Path]]:
+    """``det-launch exec`` as two nodes on loopback, node N running ``codes[N]``
+    after writing its pid; returns the launchers once both workers run."""
     from tests.conftest import base_env, free_port_block, write_cluster_info
 
     port = free_port_block()
@@ -376,8 +377,8 @@ def node_sigkill(tmp: Path, rng: random.Random) -> Outcome:
         info = write_cluster_info(tmp / f"node{rank}.json", container_addrs=["127.0.0.1"] * 2,
                                   container_rank=rank, container_slot_counts=[1, 1])
         pid_file = tmp / f"pid{rank}"
-        code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-                "time.sleep(600)")
+        code = (f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid()))"
+                f"; {codes[rank]}")
         env = base_env(DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port),
                        DET_DIST_SECRET="e" * 32, DET_KILL_AFTER="3")
         procs.append(subprocess.Popen([sys.executable, "-m", "determined_launch.cli", "exec",
@@ -385,35 +386,61 @@ def node_sigkill(tmp: Path, rng: random.Random) -> Outcome:
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True))
         pid_files.append(pid_file)
+    deadline = time.monotonic() + 60
+    while not all(f.is_file() and f.read_text() for f in pid_files):
+        if time.monotonic() > deadline:
+            raise AssertionError("the workers never started")
+        time.sleep(0.05)
+    return procs, pid_files
+
+
+def _outcome(procs: list[subprocess.Popen[str]], pid_files: list[Path], want: str,
+             status: Optional[int]) -> Outcome:
+    """The chief's end: status (``None``: any non-zero), ``want`` in its last
+    line, and no worker left (after up to 10 s)."""
     try:
-        deadline = time.monotonic() + 60
-        while not all(f.is_file() and f.read_text() for f in pid_files):
-            if time.monotonic() > deadline:
-                return "the workers never started"
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0, 1))
-        procs[1].send_signal(signal.SIGKILL)
         try:
             _, err = procs[0].communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            return "the chief still runs 30 s after node 1's launcher was killed"
+            return "the chief still runs after 30 s"
         end = time.monotonic() + 10
-        left = [f for f in pid_files if Path(f"/proc/{f.read_text()}").exists()]
-        while left and time.monotonic() < end:
+        while True:
+            left = [f.name for f in pid_files if Path(f"/proc/{f.read_text()}").exists()]
+            if not left or time.monotonic() > end:
+                break
             time.sleep(0.1)
-            left = [f for f in pid_files if Path(f"/proc/{f.read_text()}").exists()]
-        if procs[0].returncode == 0 or "node 1" not in err or left:
-            return (f"chief exit {procs[0].returncode}, workers left {[f.name for f in left]}: "
-                    f"{err.strip().splitlines()[-1:]}")
+        last = (err.strip().splitlines() or [""])[-1]
+        ok = procs[0].returncode != 0 if status is None else procs[0].returncode == status
+        if not ok or want not in last or left:
+            return f"chief exit {procs[0].returncode}, workers left {left}: {last}"
+        return None
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
-    return None
+            p.communicate()
+
+
+def node_sigkill(tmp: Path, rng: random.Random) -> Outcome:
+    """Node 1's launcher SIGKILLed: the chief stops with a non-zero status
+    naming node 1, and no worker is left."""
+    procs, pids = _two_exec_nodes(tmp, ("time.sleep(600)", "time.sleep(600)"))
+    time.sleep(rng.uniform(0, 1))
+    procs[1].send_signal(signal.SIGKILL)
+    return _outcome(procs, pids, "node 1", None)
+
+
+def first_failure(tmp: Path, rng: random.Random) -> Outcome:
+    """Node 1's worker exits 3 while node 0's runs: both stop, the chief's
+    summary names node 1's status as the first failure, and exits with it."""
+    delay = rng.uniform(0, 1)
+    procs, pids = _two_exec_nodes(tmp, ("time.sleep(600)", f"time.sleep({delay}); sys.exit(3)"))
+    return _outcome(procs, pids, "the command on node 1 (127.0.0.1) exited with status 3 "
+                    "first", 3)
 
 
 ROWS: dict[str, Callable[[Path, random.Random], Outcome]] = {
+    "first failure (2 simulated nodes)": first_failure,
     "node SIGKILL (2 simulated nodes)": node_sigkill,
     "SIGINT/SIGTERM, 1 node": interrupted,
     "torn journal": torn_journal,
@@ -425,9 +452,9 @@ ROWS: dict[str, Callable[[Path, random.Random], Outcome]] = {
 }
 
 #: trials per row in the suite: all rows within about a minute on a busy 2-core machine
-SUITE_TRIALS = {"node SIGKILL (2 simulated nodes)": 1, "SIGINT/SIGTERM, 1 node": 2,
-                "torn journal": 3, "replayed control stream": 1, "idle connections": 1,
-                "wire fuzz": 1, "malformed cluster-info file": 3,
+SUITE_TRIALS = {"first failure (2 simulated nodes)": 1, "node SIGKILL (2 simulated nodes)": 1,
+                "SIGINT/SIGTERM, 1 node": 2, "torn journal": 3, "replayed control stream": 1,
+                "idle connections": 1, "wire fuzz": 1, "malformed cluster-info file": 2,
                 "checkpoint SIGKILL (directory)": 2}
 
 
