@@ -159,7 +159,8 @@ def idle_connections(tmp: Path, rng: random.Random, count: int = 100,
 # --- wire fuzz ----------------------------------------------------------------------
 def wire_fuzz(tmp: Path, rng: random.Random, frames: int = 300) -> Outcome:
     """Random bytes, bare and after a valid preamble, over a real socket into
-    the hub's parser: nothing registers, nothing raises, nothing is unpickled."""
+    the hub's parser: nothing registers, nothing raises, nothing is unpickled;
+    then the control port (``control_fuzz``)."""
     import pickle
 
     from determined_launch.core.distributed.transport import direct, wire
@@ -196,6 +197,33 @@ def wire_fuzz(tmp: Path, rng: random.Random, frames: int = 300) -> Outcome:
     finally:
         pickle.loads = real_loads
         chan.close(0)
+    return control_fuzz(rng, frames // 3)
+
+
+def control_fuzz(rng: random.Random, frames: int) -> Outcome:
+    """Random bytes, bare and after a well-formed nonce line, into a chief's
+    control port: no node connects, nothing reaches the chief's inbox."""
+    from determined_launch.supervisor.control import ChiefLink
+    from tests.conftest import free_port_block
+
+    chief = ChiefLink("127.0.0.1", free_port_block(1), num_nodes=2, secret="c" * 32)
+    port = int(chief.listener.getsockname()[1])
+    try:
+        for i in range(frames):
+            nonce = f"{rng.getrandbits(128):032x}\n".encode() if i % 2 else b""
+            with socket.create_connection(("127.0.0.1", port)) as client:
+                try:  # the chief may hang up before all is sent
+                    client.sendall(nonce + rng.randbytes(rng.randrange(0, 700)) + b"\n")
+                    client.shutdown(socket.SHUT_WR)
+                    client.settimeout(15)
+                    while client.recv(65536):  # until the chief hangs up
+                        pass
+                except OSError:
+                    pass
+        if chief.connected_nodes or chief.inbox:
+            return f"nodes {chief.connected_nodes}, inbox {list(chief.inbox)[:3]}"
+    finally:
+        chief.close()
     return None
 
 
