@@ -151,7 +151,11 @@ def test_tool_noise_alone_is_still_deleted_after_success(tmp_path: Path) -> None
              b"W1125 10:00:00.000000 42 torch/distributed/run.py:1] glog\n"
              b"  [WARNING]  async_io requires the dev libaio .so object\n"
              b"INFO:root:logging.basicConfig\n")
-    output = _relay(tmp_path, noise, b"stderr is the tools' own channel\n")
+    long_log_line = b"[2026-11-25 10:00:00,000] [INFO] [runner.py:1] " + b"cmd " * 40_000 + b"\n"
+    err = b"stderr is the tools' own channel\n"
+    output = _relay(tmp_path, noise + long_log_line, err)
+    output.close()
+    assert os.path.getsize(output.log_path) == len(noise + long_log_line + err)
     assert report_tool_log(output, 0, None, 0) == ""
     assert list(tmp_path.glob("det-launch-tools-*")) == []
     assert not not_noise(noise) and not_noise(b"[rank] not ours\n")

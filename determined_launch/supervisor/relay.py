@@ -159,6 +159,9 @@ class ToolOutput:
         #: lock (``SharedOutput``'s record lock keeps out other processes only).
         self._out_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        #: The tools' stdout log ended mid-line: its next bytes continue a line
+        #: already judged (a long one the router passed on in pieces).
+        self._stdout_mid_line = False
         #: thread ident -> when it began waiting for input (None: busy).
         self._waiting: dict[Optional[int], Optional[float]] = {}
 
@@ -223,8 +226,11 @@ class ToolOutput:
         if not tool:
             return
         with self._lock:
-            if out_fd == 1 and not self.stdout_kept and not_noise(tool):
-                self.stdout_kept = True
+            if out_fd == 1:
+                whole = tool.partition(b"\n")[2] if self._stdout_mid_line else tool
+                self._stdout_mid_line = not tool.endswith(b"\n")
+                if not self.stdout_kept and not_noise(whole):
+                    self.stdout_kept = True
             if self._log_fd is None:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
                 self._log_fd = os.open(self.log_path, flags, 0o600)
