@@ -6,13 +6,14 @@ server's 404). Nothing here writes: the UI is a reader beside the flow.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from determined_launch.ui import files, shape
@@ -128,15 +129,17 @@ class Api:
             "path": exp_dir, "error": error})
 
     def warm_up(self) -> None:
-        """Read every experiment's study and trial files once (the server
-        does this at start, so the first page of a 10,000-trial experiment is
-        served from memory)."""
+        """Read every run's streams and every experiment's study once (the
+        server does this at start, beside serving, so the first visitor of a
+        million-point run or a 10,000-trial experiment is served from memory)."""
+        for name, path in self.catalog.runs().items():
+            _quietly(f"run {name}", functools.partial(self._read_run, path))
         for name in self.catalog.experiments():
-            try:
-                self.curves(name)
-            except Exception as e:  # noqa: BLE001 (the page shows it again, as a 500)
-                print(f"det-launch ui: experiment {name}: {type(e).__name__}: {e}",
-                      file=sys.stderr, flush=True)
+            _quietly(f"experiment {name}", functools.partial(self.curves, name))
+
+    def _read_run(self, path: str) -> None:
+        for group in self.runs_reader.groups(path):
+            self.runs_reader.table(path, group)
 
     def importance(self, name: str) -> Optional[dict[str, Any]]:
         exp_dir = self.catalog.experiments().get(name)
@@ -309,6 +312,14 @@ class Api:
         return {**r.status(run_dir), "groups": r.groups(run_dir),
                 "launcher_events": r.launcher_events(run_dir),
                 "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
+
+
+def _quietly(what: str, work: Callable[[], Any]) -> None:
+    """Warm-up work: an error is one line here (the page shows it again, as a 500)."""
+    try:
+        work()
+    except Exception as e:  # noqa: BLE001
+        print(f"det-launch ui: {what}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _section(record: dict[str, Any], key: str) -> dict[str, Any]:
