@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
@@ -173,6 +174,32 @@ def test_a_path_may_be_one_experiment_or_one_run(tmp_path: pathlib.Path) -> None
     assert [r["name"] for r in api.runs()] == ["my-run"]
 
 
+def test_a_dead_workers_trial_is_paused_and_a_password_study_needs_its_url(
+        tmp_path: pathlib.Path) -> None:
+    import optuna
+
+    from determined_launch.experiment import searchers as se
+
+    exp = make_experiment(tmp_path)
+    study = optuna.load_study(study_name=NAME,
+                              storage=se.open_storage(None, str(exp / "study.journal")))
+    running = [t for t in study.get_trials() if t.state.name == "RUNNING"][0]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    study._storage.set_trial_user_attr(running._trial_id, "det_owner",
+                                       f"{socket.gethostname()}:{dead}:0")
+    api = Api([str(tmp_path)])
+    assert {t["trial_id"]: t["state"] for t in api.trials(NAME) or []}[4] == "paused"
+
+    record = json.loads((exp / "experiment.json").read_text())
+    record.update(storage="postgresql://me:***@db/x", storage_has_password=True)
+    (tmp_path / "pg").mkdir()
+    (tmp_path / "pg" / "experiment.json").write_text(json.dumps({**record, "name": "pg"}))
+    [pg] = [e for e in Api([str(tmp_path / "pg")]).experiments()]
+    assert pg["state"] == "unknown" and "--study-storage" in pg["error"]
+    assert "***" in pg["storage"] and "me:" not in json.dumps(pg).replace("me:***", "")
+
+
 def test_new_experiments_appear_without_a_restart(tmp_path: pathlib.Path) -> None:
     api = Api([str(tmp_path)])
     assert api.experiments() == []
@@ -262,6 +289,10 @@ def test_live_update_within_two_seconds(served: Served, tree: pathlib.Path) -> N
         "training", {"steps_completed": 4, "metrics": {"loss": 0.125}})
     RunDir(tree / "det_runs" / "newer", trial_id=None).append(
         "validation", {"steps_completed": 1, "metrics": {"acc": 0.5}})
+    status, headers, _ = served.get("/api/v1/runs/local/logs")
+    offset = int(headers["X-Log-Offset"])
+    with open(tree / "det_runs" / "local" / "output.log", "a") as f:
+        f.write("[rank=0] a new line\n[rank=1] other\n")
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         rows = served.json(url)
@@ -271,6 +302,8 @@ def test_live_update_within_two_seconds(served: Served, tree: pathlib.Path) -> N
         time.sleep(0.1)
     else:
         pytest.fail(f"not seen within 2 s: {rows[-1]}, {names}")
+    _, _, body = served.get(f"/api/v1/runs/local/logs?offset={offset}&rank=0")
+    assert body == b"[rank=0] a new line\n"
 
 
 def test_token_cookie_and_bearer(tree: pathlib.Path) -> None:
