@@ -76,7 +76,6 @@ class Api:
         self.roots = self.catalog.roots
         self.runs_reader = RunReader(self.roots)
         self.studies = Studies(study_storage)
-        #: rows of finished trials, which never change: (exp_dir, number) -> row
         #: finished trials, which never change: (exp_dir, number) -> row and curve
         self._final: dict[tuple[str, int], _Trial] = {}
         self._lock = threading.Lock()
