@@ -43,6 +43,10 @@ PREEMPT_LISTEN_FILE = "DET_PREEMPT_LISTEN_FILE"
 # supervisor learns which rank failed first and how. Standard-library side:
 # wrap_rank/__init__.py spells the same name.
 WRAP_RANK_STATUS_DIR = "WRAP_RANK_STATUS_DIR"
+# core.init()'s clean exit writes "<that dir>/rank-<N>.finished" (a file name,
+# not a variable): a rank that then dies at interpreter exit is reported as one
+# that had finished its work.
+RANK_FINISHED_FILE = "rank-{rank}.finished"
 
 # --- multi-node modes of the Horovod and DeepSpeed launchers -----------------
 SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)

@@ -91,3 +91,50 @@ def test_init_exit_ends_the_group_it_started(tmp_path: Path, launches: list[Laun
     for r in lines:
         assert r["ddp"] == "_DDP" and r["during"] > 0
         assert not r["initialized"] and r["gloo_threads"] == 0, r
+
+
+def test_core_init_notes_a_clean_exit_only(tmp_path: Path) -> None:
+    """core.init()'s clean exit leaves "rank-N.finished" in the launcher's status
+    directory (what the summary below reads); an exception exit leaves none."""
+    code = """
+import determined_launch as det
+with det.core.init():
+    pass
+try:
+    with det.core.init():
+        raise KeyError("x")
+except KeyError:
+    pass
+"""
+    status = tmp_path / "status"
+    status.mkdir()
+    done = _run(code, WRAP_RANK_STATUS_DIR=str(status), DET_RUN_DIR=str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in status.iterdir()) == ["rank-0.finished"]
+    (status / "rank-0.finished").unlink()
+    done = _run(code.replace("with det.core.init():\n    pass\n", ""),
+                WRAP_RANK_STATUS_DIR=str(status), DET_RUN_DIR=str(tmp_path / "run"))
+    assert done.returncode == 0 and not list(status.iterdir()), done.stderr
+
+
+@pytest.mark.slow
+def test_summary_names_a_finished_rank_killed_at_exit(tmp_path: Path,
+                                                      launches: list[Launch]) -> None:
+    """A rank whose core.init() exited cleanly and that then aborts (as gloo did
+    at interpreter exit) is reported as having finished first."""
+    script = tmp_path / "finish_then_abort.py"
+    script.write_text(
+        "import os\n"
+        "import determined_launch as det\n"
+        "from determined_launch.core import DistributedContext\n"
+        "with det.core.init(distributed=DistributedContext.from_torch_distributed()) as ctx:\n"
+        "    rank = ctx.distributed.rank\n"
+        "if rank == 1:\n"
+        "    os.abort()\n")
+    launch = Launch([sys.executable, "-m", "determined_launch.cli", "--slots", "2", "torch",
+                     "--", sys.executable, str(script)],
+                    base_env(DET_RUN_DIR=str(tmp_path / "run")))
+    launches.append(launch)
+    assert launch.wait(120) == 134, launch.stdout + launch.stderr
+    assert ("rank 1 on node 0 (127.0.0.1) had finished its work (core.init() exited cleanly) "
+            "and then was killed by SIGABRT (status 134) first") in launch.stderr, launch.stderr

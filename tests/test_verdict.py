@@ -343,3 +343,27 @@ def test_every_reachable_state_waits_with_a_deadline_or_exits(
     if role == v.Role.SINGLE and stopping_since is not None:
         # TERM, then KILL after kill_after: never longer, whatever the workers do.
         assert end - stopping_since <= verdict.s.kill_after + 1e-6
+
+
+def test_a_rank_that_finished_then_aborted_at_exit_is_named_so() -> None:
+    """Issue 23 item 1b: core.init() exited cleanly on rank 1 (its note), then
+    the process died of SIGABRT at interpreter exit: the summary says both."""
+    verdict = make()
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankFinished(1))
+    c.send(v.RankExited(0, 0, 1000.9))
+    c.send(v.RankExited(1, 134, 1001.0))
+    c.send(v.ProcessExited(0, 1, 1001.1))
+    assert verdict.finished and verdict.result == 134
+    assert verdict.summary() == (
+        "job failed: rank 1 on node 0 (h0) had finished its work (core.init() exited "
+        "cleanly) and then was killed by SIGABRT (status 134) first; exit status 134")
+
+
+def test_a_rank_that_did_not_finish_is_named_as_before() -> None:
+    verdict = make()
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankFinished(0))  # another rank's note says nothing about rank 1
+    c.send(v.RankExited(1, 134, 1001.0))
+    c.send(v.ProcessExited(0, 1, 1001.1))
+    assert "rank 1 on node 0 (h0) was killed by SIGABRT (status 134) first" in verdict.summary()

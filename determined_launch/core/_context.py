@@ -12,7 +12,7 @@ from determined_launch._user import InvalidHP
 from determined_launch.cluster import ClusterInfo, resolve_cluster_info
 from determined_launch.cluster.local_trial import RUNS_ROOT, default_run_dir
 from determined_launch.core._alerts import send_alert
-from determined_launch.core._dist import Collectives
+from determined_launch.core._dist import Collectives, note_finished
 from determined_launch.core._experimental import (
     DummyExperimentalCoreContext,
     ExperimentalCoreContext,
@@ -84,6 +84,8 @@ class Context:
 
     def __exit__(self, exc_type: Any, exc: Any, _tb: Any) -> None:
         self.close()
+        if exc_type is None:
+            note_finished(self.distributed.rank)
         if isinstance(exc, InvalidHP):
             self.train.report_early_exit(EarlyExitReason.INVALID_HP)
             logger.info("InvalidHP raised: reported as an early exit; exiting with status 0")

@@ -134,6 +134,13 @@ class RankExited:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankFinished:
+    """Rank ``rank``'s core.init() exited cleanly: its work is done."""
+
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
 class SignalReceived:
     sig: int
 
@@ -163,6 +170,7 @@ class PeerMessage:
 Event = Union[
     ProcessExited,
     RankExited,
+    RankFinished,
     SignalReceived,
     PreemptFileAppeared,
     PreemptListening,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
+from determined_launch import envvars
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.supervisor import verdict as v
@@ -237,8 +238,15 @@ class Supervisor:
         except OSError:
             return []
         out: list[v.Event] = []
-        for name in sorted(names):
-            if name in self.seen_status_files or not name.endswith(".json"):
+        for name in sorted(names):  # "rank-N.finished" before "rank-N.json"
+            if name in self.seen_status_files:
+                continue
+            finished = _finished_rank(name)
+            if finished is not None:
+                self.seen_status_files.add(name)
+                out.append(v.RankFinished(finished))
+                continue
+            if not name.endswith(".json"):
                 continue
             try:
                 with open(os.path.join(self.runtime.status_dir, name), encoding="utf-8") as f:
@@ -305,6 +313,15 @@ class Supervisor:
         os.close(self._wake_w)
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def _finished_rank(name: str) -> Optional[int]:
+    """N for core.init()'s "rank-N.finished" note, else None."""
+    prefix, _, suffix = envvars.RANK_FINISHED_FILE.partition("{rank}")
+    middle = name[len(prefix):len(name) - len(suffix)]
+    if name.startswith(prefix) and name.endswith(suffix) and middle.isdigit():
+        return int(middle)
+    return None
 
 
 def supervise(

@@ -43,6 +43,7 @@ from determined_launch.supervisor.events import (
     PreemptListening,
     ProcessExited,
     RankExited,
+    RankFinished,
     Role,
     SendToChief,
     Settings,
@@ -50,6 +51,7 @@ from determined_launch.supervisor.events import (
     SignalGroups,
     SignalReceived,
     WritePreemptSignal,
+    describe_status,
     message,
     pick_cause,
     signal_name,
@@ -79,6 +81,7 @@ class Verdict:
         self.started_at = now
         self.alive = set(range(len(settings.roles)))
         self.worker_status: dict[int, int] = {}
+        self.finished_ranks: set[int] = set()  # their core.init() exited cleanly
         self.candidates: list[Failure] = []
         self.chief_cause: Optional[Failure] = None  # node: the chief's verdict
         self.chief_failures = 0  # node: genuine failures the chief counted
@@ -168,11 +171,11 @@ class Verdict:
         out: list[Action] = []
         if isinstance(event, ProcessExited):
             self._process_exited(event, now, wall, out)
+        elif isinstance(event, RankFinished):
+            self.finished_ranks.add(event.rank)
         elif isinstance(event, RankExited):
             if event.status != 0:
-                what = f"rank {event.rank}"
-                self.note(Failure(event.status, what, self.s.node, self.s.host, event.time),
-                           now, wall, out)
+                self.note(self._rank_failure(event), now, wall, out)
         elif isinstance(event, SignalReceived):
             self._signal(event.sig, now, wall, out)
         elif isinstance(event, PreemptFileAppeared):
@@ -216,6 +219,13 @@ class Verdict:
         return out
 
     # ------------------------------------------------------------ internals
+    def _rank_failure(self, e: RankExited) -> Failure:
+        how = None
+        if e.rank in self.finished_ranks:  # its work was done: say so
+            how = (f"had finished its work (core.init() exited cleanly) and then "
+                   f"{describe_status(e.status)}")
+        return Failure(e.status, f"rank {e.rank}", self.s.node, self.s.host, e.time, how=how)
+
     def _process_exited(self, e: ProcessExited, now: float, wall: float, out: list[Action]) -> None:
         if e.index not in self.alive:
             return
