@@ -1,6 +1,7 @@
 """det-launch ui in a real browser (Debian's chromium driven by Playwright), on a
-real experiment that runs while the pages follow it. Saves the screenshots that
-docs/ui.md shows (docs/images/ui-*.png)."""
+real experiment that runs while the pages follow it. Takes the screenshots that
+docs/ui.md shows: into the test's directory, and into docs/images/ui-*.png with
+``DET_UI_SCREENSHOTS=1`` (so a test run never changes the tracked tree)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
     pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)", allow_module_level=True)
 
-IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "images"
+DOCS_IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "images"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -73,6 +74,7 @@ def browser() -> Iterator[object]:
 
 
 def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object) -> None:
+    IMAGES = DOCS_IMAGES if os.environ.get("DET_UI_SCREENSHOTS") == "1" else tmp_path  # noqa: N806
     (tmp_path / "exp.yaml").write_text(CONFIG)
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
     exp = subprocess.Popen([sys.executable, "-m", "determined_launch.cli", "experiment",
@@ -119,6 +121,7 @@ def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object)
         page.goto(f"{ui.url}compare?items=exp:ui-demo:1,exp:ui-demo:2&group=validation")
         expect(page.locator(".chart svg path.series")).to_have_count(2, timeout=5_000)
         page.screenshot(path=str(IMAGES / "ui-compare.png"))
+        assert (IMAGES / "ui-trial.png").stat().st_size > 10_000  # a page, not a blank
     finally:
         if exp.poll() is None:
             exp.terminate()
