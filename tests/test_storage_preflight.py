@@ -22,8 +22,8 @@ def _launch(tmp_path: pathlib.Path, storage: Any, *, no_s3fs: bool = False
     argv = ["exec", "--", sys.executable, "-c",
             f"open({str(marker)!r}, 'a').write('x')"]
     # The launcher without s3fs (the workers would have it): only the launcher's check can fail.
-    code = ("import sys\nif %r: sys.modules['s3fs'] = None\n"
-            "from determined_launch.cli import main\nsys.exit(main(%r))" % (no_s3fs, argv))
+    code = (f"import sys\nif {no_s3fs!r}: sys.modules['s3fs'] = None\n"
+            f"from determined_launch.cli import main\nsys.exit(main({argv!r}))")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120,
                        env=base_env(DET_CHECKPOINT_STORAGE=str(block)))
