@@ -71,6 +71,11 @@ def test_progress_is_shown_before_the_first_validation(tmp_path: pathlib.Path) -
                                                            tmp_path))
     assert "steps" in header
     assert first[:5] == ["1", "running", "-", "30", "(25%)"]
+    # the PyTorch API's reports carry the epoch too
+    with open(run_dir / "training.jsonl", "a") as f:
+        f.write('ted": 0}\n{"steps_completed": 40, "metrics": {"batches": 40, "epochs": 2}}\n')
+    row = table_rows(report.render_table([running], "loss", True, tmp_path))[1]
+    assert row[3:6] == ["40", "(epoch", "2,"] and row[6] == "25%)", row
     assert second[:3] == ["2", "waiting", "-"] and second[3] == "-"
 
 

@@ -56,19 +56,28 @@ def metric_header(metric: str, smaller: bool) -> str:
 def progress_of(run_dir: Optional[pathlib.Path]) -> str:
     """How far a trial got, from its run directory: the newest
     ``steps_completed`` of a training or validation report (batches, for the
-    PyTorch API) and the searcher progress when the script reports one.
-    Only each file's last line is read, so a long run costs the same."""
+    PyTorch API), its ``epochs`` metric when there is one (the PyTorch API
+    reports it), and the searcher progress when the script reports one:
+    ``120 (epoch 2, 30%)``. Only each file's last line is read, so a long run
+    costs the same."""
     if run_dir is None:
         return "-"
-    steps = [_last_record(run_dir / f"{g}.jsonl").get("steps_completed")
-             for g in ("training", "validation")]
-    done = max((s for s in steps if isinstance(s, int) and not isinstance(s, bool)),
-               default=None)
+    records = [_last_record(run_dir / f"{g}.jsonl") for g in ("training", "validation")]
+    records = [r for r in records if _is_int(r.get("steps_completed"))]
+    newest = max(records, key=lambda r: r["steps_completed"], default=None)
     progress = _last_record(run_dir / "progress.jsonl").get("progress")
-    text = "-" if done is None else str(done)
+    notes = []
+    metrics = newest.get("metrics") if newest is not None else None
+    if isinstance(metrics, dict) and _is_int(metrics.get("epochs")):
+        notes.append(f"epoch {metrics['epochs']}")
     if isinstance(progress, (int, float)) and 0 <= progress <= 1:
-        text += f" ({progress:.0%})"
-    return text
+        notes.append(f"{progress:.0%}")
+    text = "-" if newest is None else str(newest["steps_completed"])
+    return text + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _last_record(path: pathlib.Path, tail: int = 8192) -> dict[str, Any]:
