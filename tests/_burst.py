@@ -9,13 +9,13 @@ import re
 from pathlib import Path
 
 #: A worker: ``python burst.py [RANK] N`` writes ``expected(RANK, N)`` as
-#: fast as it can (RANK defaults to $RANK). Needs the repository on
-#: PYTHONPATH, as the tests' environments have it.
+#: fast as it can (RANK defaults to $RANK, or horovodrun's $HOROVOD_RANK).
+#: Needs the repository on PYTHONPATH, as the tests' environments have it.
 BURST = """
 import os, sys
 from tests._burst import expected
 args = sys.argv[1:]
-rank = int(args.pop(0)) if len(args) > 1 else int(os.environ["RANK"])
+rank = int(args.pop(0) if len(args) > 1 else os.environ.get("RANK") or os.environ["HOROVOD_RANK"])
 view = memoryview(b"".join(line + b"\\n" for line in expected(rank, int(args[0]))))
 while view:
     view = view[os.write(1, view[: 1 << 20]):]
@@ -40,7 +40,8 @@ def expected(rank: int, n: int) -> list[bytes]:
     return [b"R%d L%d %s" % (rank, i, b"x" * size(i)) for i in range(n)]
 
 
-_LABEL = re.compile(rb"\[rank=(\d+)\] ")
+#: wrap_rank's label, after horovodrun's own ``[N]<stdout>:`` (which must agree).
+_LABEL = re.compile(rb"(?:\[(\d+)\]<stdout>:)?\[rank=(\d+)\] ")
 
 
 def problems(out: bytes, ranks: int, n: int) -> list[str]:
@@ -50,10 +51,10 @@ def problems(out: bytes, ranks: int, n: int) -> list[str]:
     bad = []
     for line in out.split(b"\n")[:-1]:
         m = _LABEL.match(line)
-        if m is None or int(m.group(1)) not in got:
+        if m is None or int(m.group(2)) not in got or m.group(1) not in (None, m.group(2)):
             bad.append(line)
         else:
-            got[int(m.group(1))].append(line[m.end():])
+            got[int(m.group(2))].append(line[m.end():])
     found = [f"{len(bad)} unlabelled lines, first {bad[0][:80]!r}"] if bad else []
     for rank, lines in got.items():
         want = expected(rank, n)

@@ -24,7 +24,7 @@ def test_single_node_runs_horovodrun_with_gloo_when_mpi_is_absent() -> None:
     plan = plan_for(make_info(["127.0.0.1"], [4]))
     (proc,) = plan.processes
     argv = list(proc.argv)
-    assert argv[:4] == ["/py/bin/python", "-m", "horovod.runner.launch", "--gloo"]
+    assert argv[:4] == ["/py/bin/python", "-m", "determined_launch.nodeexec.horovodrun", "--gloo"]
     assert argv[4:8] == ["-np", "4", "-H", "localhost:4"]
     assert argv[-len(SCRIPT) :] == list(SCRIPT)
     i = argv.index("wrap_rank")
@@ -67,7 +67,7 @@ def test_overrides_follow_our_defaults_so_they_win() -> None:
 def test_autohorovod_one_slot_runs_the_script_alone() -> None:
     plan = plan_for(make_info(["127.0.0.1"], [1]), ["--autohorovod"])
     (proc,) = plan.processes
-    assert "horovod.runner.launch" not in proc.argv
+    assert "determined_launch.nodeexec.horovodrun" not in proc.argv
     assert proc.argv[-len(SCRIPT) :] == SCRIPT
     assert plan.env["USE_HOROVOD"] == "1"
 
@@ -75,7 +75,7 @@ def test_autohorovod_one_slot_runs_the_script_alone() -> None:
 def test_autohorovod_with_two_slots_still_uses_horovodrun() -> None:
     plan = plan_for(make_info(["127.0.0.1"], [2]), ["--autohorovod"])
     argv = plan.processes[0].argv
-    assert "horovod.runner.launch" in argv and "--autohorovod" not in argv
+    assert "determined_launch.nodeexec.horovodrun" in argv and "--autohorovod" not in argv
 
 
 # ------------------------------------------------------------------ ssh mode
@@ -89,7 +89,7 @@ def test_ssh_chief_waits_for_every_peer_sshd_then_runs_horovodrun() -> None:
     waits = [argv[i + 1] for i in range(gate_end) if argv[i] == "--wait-ssh"]
     assert waits == ["10.0.0.2:2222", "10.0.0.3:2222"]
     hvd = argv[gate_end + 1 :]
-    assert hvd[:3] == ["/py/bin/python", "-m", "horovod.runner.launch"]
+    assert hvd[:3] == ["/py/bin/python", "-m", "determined_launch.nodeexec.horovodrun"]
     assert hvd[hvd.index("-p") + 1] == "2222"
     assert argv[argv.index("--timeout") + 1] == "300"
     assert hvd[hvd.index("-np") + 1] == "5"

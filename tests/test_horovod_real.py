@@ -8,11 +8,13 @@ server), and two simulated nodes over a real OpenSSH server.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from determined_launch.backends.ssh import HostFacts
+from tests._burst import problems, write_burst
 from tests._hvdds_helpers import (
     Launch,
     assert_failure_stops_both_nodes,
@@ -53,6 +55,24 @@ def test_single_node_two_workers_under_horovodrun(tmp_path: Path, launches: list
     assert [lines[r]["local"] for r in range(2)] == ["0/2", "1/2"]
     assert "job succeeded" in launch.stderr
     assert launch.leftovers() == []
+
+
+def test_ranks_flooding_horovodrun_reach_stdout_whole(tmp_path: Path,
+                                                      launches: list[Launch]) -> None:
+    """Issue 24 through horovodrun: two ranks as fast as they can. Before,
+    horovodrun's forwarding threads wrote to its stdout at once: a short line
+    landed inside a long one (6 of each rank's 2,000 lines lost in one run),
+    and the cut-off rests kept the tools' log after a successful job."""
+    burst, n = write_burst(tmp_path), 2_000
+    launch = Launch(
+        launcher_cmd(sys.executable, str(burst), str(n), module=MODULE),
+        real_env(tmp_path / "tmp", DET_LAUNCH_SLOTS="2"),
+    )
+    launches.append(launch)
+    assert launch.wait(120) == 0, launch.stderr
+    assert problems(launch.stdout.encode(), 2, n) == []
+    assert "launcher tools' log" not in launch.stderr  # horovodrun's own noise only: deleted
+    assert list((tmp_path / "tmp").glob("det-launch-tools-*")) == []
 
 
 def test_two_nodes_without_ssh(tmp_path: Path, launches: list[Launch]) -> None:

@@ -143,7 +143,7 @@ def flags_to_env(args: Sequence[str]) -> dict[str, str]:
 def _horovodrun(runtime: JobRuntime, facts: ssh.HostFacts) -> list[str]:
     """horovodrun, run by the launcher's own interpreter (the console script
     ``horovodrun`` is ``horovod.runner.launch:run_commandline``)."""
-    argv = [runtime.python, "-m", "horovod.runner.launch"]
+    argv = [runtime.python, "-m", "determined_launch.nodeexec.horovodrun"]
     if not facts.mpirun:
         argv.append("--gloo")
     return argv
