@@ -175,6 +175,21 @@ def test_ranks_flooding_torchrun_reach_stdout_whole(tmp_path: Path,
     assert "launcher tools' log" not in launch.stderr  # nothing unlabelled left behind
 
 
+def test_ranks_flooding_torchrun_with_verbose_reach_stdout_whole(
+        tmp_path: Path, launches: list[Launch]) -> None:
+    """Issue 24 with ``--verbose``: no relay, so torchrun and the four ranks'
+    wrap_rank write straight to the launcher's stdout; the ranks' record lock
+    and line-aligned writes alone keep every line whole."""
+    burst, n = write_burst(tmp_path), 5_000
+    argv = [sys.executable, "-m", "determined_launch.cli", "--verbose", "--slots", "4", "torch",
+            "--", sys.executable, str(burst), str(n)]
+    launch = Launch(argv, base_env(TMPDIR=str(tmp_path)))
+    launches.append(launch)
+    assert launch.wait(60) == 0, launch.stderr
+    assert problems(launch.stdout.encode(), 4, n) == []
+    assert "launcher tools' log" not in launch.stderr
+
+
 def _log_path(summary: str) -> Path:
     found = re.search(r"\(launcher tools' log: (\S+)\)$", summary)
     assert found, summary
