@@ -344,8 +344,8 @@ def test_bad_input_is_one_line_and_status_2(tmp_path: pathlib.Path,
     from determined_launch.cli import main
 
     for args, needle in (([str(tmp_path / "missing")], "no such directory"),
-                         (["--port", "http"], "--port"), (["s3://bucket/x"], "object storage"),
-                         (["--bogus"], "unrecognized")):
+                         (["--port", "http"], "--port"),
+                         (["--bogus"], "unrecognized")):  # s3:// PATHs: test_ui_storage.py
         assert main(["ui", *args]) == 2, args
         out, err = capsys.readouterr()
         assert err.count("\n") == 1 and needle in err and not out, err

@@ -20,7 +20,7 @@ import os
 import pathlib
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from determined_launch.core._dist import Collectives
@@ -78,6 +78,8 @@ class RunDir:
         #: the trial's hyperparameters, recorded with each checkpoint so that a
         #: rerun resumes only the same trial (cluster/local_trial.py)
         self.hparams = dict(hparams) if hparams is not None else None
+        #: called after every write (the chief's sync to object storage, core/_record_sync.py)
+        self.on_write: Optional[Callable[[], None]] = None
 
     def append(self, stream: str, record: Mapping[str, Any]) -> None:
         """Append one record with a timestamp. One ``write`` per line in
@@ -86,10 +88,14 @@ class RunDir:
         line = dumps({"time": round(time.time(), 6), "trial_id": self.trial_id, **record})
         with open(self.path / f"{stream}.jsonl", "a", encoding="utf-8") as f:
             f.write(line + "\n")
+        if self.on_write is not None:
+            self.on_write()
 
     def write_pointer(self, name: str, value: Mapping[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path / f"{name}.json", dumps(dict(value)) + "\n")
+        if self.on_write is not None:
+            self.on_write()
 
     def read_pointer(self, name: str) -> Optional[dict[str, Any]]:
         try:

@@ -1,6 +1,7 @@
 """What ``core.init`` builds around checkpoint storage: the backend (probed
-once by the chief), the TensorBoard manager, and the chief's after-commit
-step (the run's checkpoint log and the ``save_*`` retention)."""
+once by the chief), the TensorBoard manager, the chief's sync of the run's
+records to object storage, and the chief's after-commit step (the run's
+checkpoint log and the ``save_*`` retention)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
+from determined_launch.core import _record_sync
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir
 from determined_launch.core.storage import StorageBackend, StorageSpec, open_storage, retention
@@ -33,6 +35,12 @@ def build_storage(spec: StorageSpec, dist: Collectives, run_dir: RunDir,
     tb_path = run_dir.path / ("tensorboard" if dist.rank == 0 else f"tensorboard-rank{dist.rank}")
     tensorboard = TensorboardManager(tb_path, tensorboard_mode, upload=upload, rank=dist.rank,
                                      auto_sync=not spec.is_directory)
+    if dist.rank == 0 and not spec.is_directory:
+        records_at = f"{_record_sync.STORAGE_DIR}/{_record_sync.storage_run_name(run_dir.path)}"
+        records = _record_sync.RecordSync(
+            run_dir.path, lambda name, local: backend.put_extra(f"{records_at}/{name}", local))
+        run_dir.on_write = records.poke
+        tensorboard.on_close.append(records.close)
 
     def after_commit(storage_id: str, metadata: Mapping[str, Any]) -> None:
         run_dir.append(retention.LOG_STREAM, {

@@ -108,6 +108,8 @@ class TensorboardManager:
         self._writer_missing = False
         self._synced: dict[pathlib.Path, tuple[int, int]] = {}
         self._last_sync = 0.0
+        #: other syncs to storage that end with this one (the run's records)
+        self.on_close: list[Callable[[], None]] = []
 
     def _get_writer(self) -> Any:
         if self._writer is None and not self._writer_missing:
@@ -177,3 +179,5 @@ class TensorboardManager:
                 self.sync(force=True)
             except Exception as e:  # never fail a finished run over its plots
                 logger.warning("TensorBoard sync at exit failed: %s", e)
+        for close in self.on_close:
+            close()

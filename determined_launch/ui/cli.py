@@ -15,10 +15,14 @@ import secrets
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from determined_launch import config, values
 from determined_launch.config import Option
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
+
+if TYPE_CHECKING:
+    from determined_launch.ui.remote import Mirror
 
 DEFAULT_PATHS = ("det_experiments", "det_runs")
 
@@ -54,14 +58,24 @@ def parser() -> UsageParser:
     return p
 
 
-def _paths(given: Sequence[str]) -> list[str]:
+def _paths(given: Sequence[str], mirrors: list[Mirror]) -> list[str]:
+    """Directories to serve; an object-storage URL becomes a local mirror of
+    the records synced there (ui/remote.py), followed in the background."""
+    out = []
     for path in given:
         if "://" in path:
-            raise LaunchError(f"PATH {path}: object storage URLs are not read yet; sync the "
-                              "files to a directory and give that")
+            from determined_launch.ui.remote import Mirror
+
+            mirror = Mirror(path)
+            mirrors.append(mirror)
+            mirror.first_sync()
+            threading.Thread(target=mirror.follow, daemon=True, name="mirror").start()
+            out.append(str(mirror.local))
+            continue
         if not os.path.isdir(path):
             raise LaunchError(f"PATH {path}: no such directory")
-    return list(given) or [os.path.abspath(p) for p in DEFAULT_PATHS]
+        out.append(path)
+    return out or [os.path.abspath(p) for p in DEFAULT_PATHS]
 
 
 def main(argv: Sequence[str]) -> int:
@@ -70,10 +84,19 @@ def main(argv: Sequence[str]) -> int:
         ns = p.parse_args(list(argv))
     except SystemExit as e:
         return int(e.code or 0) and EXIT_USAGE
+    mirrors: list[Mirror] = []
+    try:
+        return _serve(ns, mirrors)
+    finally:
+        for mirror in mirrors:
+            mirror.close()
+
+
+def _serve(ns: Any, mirrors: list[Mirror]) -> int:
     try:
         opts = config.resolve(os.environ, {o.name: getattr(ns, o.name) for o in OPTIONS},
                               OPTIONS)
-        paths = _paths(ns.paths)
+        paths = _paths(ns.paths, mirrors)
         from determined_launch.ui.api import Api
         from determined_launch.ui.server import is_loopback, serve
 

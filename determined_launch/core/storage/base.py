@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional, Protocol
 
 METADATA_FILE = "metadata.json"
-#: Top-level names in storage that are never checkpoints (TensorBoard files).
-RESERVED_NAMES = frozenset({"tensorboard"})
+#: Top-level names in storage that are never checkpoints (TensorBoard files, runs' records).
+RESERVED_NAMES = frozenset({"tensorboard", "runs"})
 PARTIAL_PREFIX = ".partial-"
 _STORAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
