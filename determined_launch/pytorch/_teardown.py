@@ -73,18 +73,19 @@ def end_process_group(*, barrier: bool, models: Iterable[Any] = ()) -> None:
     never on an exception, where a peer may never arrive). ``models``: DDP wrappers
     made on the group, detached from it. Errors are logged, not raised: a peer that
     is already gone must not turn an exit into a failure."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return  # never started, or the user destroyed it already
-    if barrier:
-        try:
-            dist.barrier()
-        except Exception as e:  # noqa: BLE001 - a peer gone: still end ours
-            logger.debug("barrier before destroy_process_group failed: %s", e)
-    try:
-        dist.destroy_process_group()
-    except Exception as e:  # noqa: BLE001
-        logger.debug("destroy_process_group failed: %s", e)
+    if not dist.is_available():
         return
+    if dist.is_initialized():  # else the user destroyed it: still let its threads go
+        if barrier:
+            try:
+                dist.barrier()
+            except Exception as e:  # noqa: BLE001 - a peer gone: still end ours
+                logger.debug("barrier before destroy_process_group failed: %s", e)
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            logger.debug("destroy_process_group failed: %s", e)
+            return
     detach_ddp(models)
     release_stale_defaults()
     gc.collect()  # a DDP model in a reference cycle may hold the last reference
