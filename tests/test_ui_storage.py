@@ -112,9 +112,11 @@ def test_a_run_in_s3_is_served_from_s3(tmp_path: pathlib.Path, s3_server: Any,
         assert [(c["uuid"], c["steps_completed"]) for c in checkpoints] == [(uuid, 3)]
         page = json.dumps(served.json("/api/v1/runs/my-run"))
         assert "testing" not in page  # the credentials never reach a page
+        mirrors = list(pathlib.Path(served.json("/api/v1/runs")[0]["path"]).parents)[1]
+        assert mirrors.name.startswith("det-ui-") and mirrors.stat().st_mode & 0o077 == 0
     finally:
         served.stop()
-    assert served.proc.returncode is not None
+    assert served.proc.returncode == 0 and not mirrors.exists()  # a stop removes the copy
 
 
 def test_the_mirror_fetches_only_what_grew(tmp_path: pathlib.Path, s3_server: Any,

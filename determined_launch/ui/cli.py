@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -68,6 +69,9 @@ def _paths(given: Sequence[str], mirrors: list[Mirror]) -> list[str]:
 
             mirror = Mirror(path)
             mirrors.append(mirror)
+            if threading.current_thread() is threading.main_thread():
+                # A stop (kill, a scheduler) still removes the mirror's copy (main's finally).
+                signal.signal(signal.SIGTERM, _exit)
             mirror.first_sync()
             threading.Thread(target=mirror.follow, daemon=True, name="mirror").start()
             out.append(str(mirror.local))
@@ -76,6 +80,10 @@ def _paths(given: Sequence[str], mirrors: list[Mirror]) -> list[str]:
             raise LaunchError(f"PATH {path}: no such directory")
         out.append(path)
     return out or [os.path.abspath(p) for p in DEFAULT_PATHS]
+
+
+def _exit(_signum: int, _frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def main(argv: Sequence[str]) -> int:
