@@ -147,6 +147,20 @@ def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
     assert run["name"] == "local" and run["steps_completed"] == 3
 
 
+def test_a_trials_exit_status_is_the_launchers_last_summary_line(tmp_path: pathlib.Path) -> None:
+    exps = tmp_path / "det_experiments"
+    exp = make_experiment(exps)
+    with open(exp / "trials" / "1" / "output.log", "a") as f:  # resumed, then completed
+        f.write("[rank=0] resumed\ndet-launch: job succeeded on 1 node (exit status 0)\n")
+    api = Api([str(exps)])
+    one, two, four = (api.trial(NAME, i) or {} for i in (1, 2, 4))
+    assert one["exit_status"] == 0 and one["outcome"] == "job succeeded on 1 node (exit status 0)"
+    assert two["exit_status"] == 75 and two["outcome"].startswith("job preempted")
+    assert four["state"] == "running" and four["exit_status"] is None  # an earlier attempt's
+    assert api.runs_reader.outcome(["det-launch: job failed: rank 1 exited with status 2 "
+                                    "first; exit status 2"])["exit_status"] == 2
+
+
 def test_importance_names_the_hyperparameter_that_matters(tmp_path: pathlib.Path) -> None:
     import optuna
 

@@ -62,6 +62,7 @@ with core.init() as ctx:
         if step == 20:
             with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
                 (pathlib.Path(path) / "state.json").write_text(json.dumps({"step": step}))
+                (pathlib.Path(path) / "weights.bin").write_bytes(bytes(40 * 1024))
 """
 
 
@@ -114,8 +115,16 @@ def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object)
         expect(page.locator(".chart svg", has_text="validation: loss")).to_be_visible()
         value = f"{best['value']:.6g}"
         expect(page.locator("dl.kv").first).to_contain_text(str(float(value)))
-        page.locator("select").first.select_option("1")  # rank 1: none (exec labels no ranks)
+        facts = page.locator("dl.kv").first
+        expect(facts).to_contain_text("exit status 0")  # the launcher's summary line
+        expect(facts).to_contain_text("job succeeded on 1 node")
+        expect(page.locator("td", has_text=re.compile(r"^40\.\d KiB$"))).to_be_visible()
+        logs = page.locator("select").first
+        expect(logs).to_have_value("")  # all ranks by default
+        logs.select_option("1")  # rank 1: none (exec labels no ranks)
         expect(page.locator("pre.logs").last).to_have_text("", timeout=5_000)
+        logs.select_option("")
+        expect(page.locator("pre.logs").last).to_contain_text("step 40 loss", timeout=5_000)
         page.screenshot(path=str(IMAGES / "ui-trial.png"), full_page=True)
 
         page.goto(f"{ui.url}compare?items=exp:ui-demo:1,exp:ui-demo:2&group=validation")

@@ -135,6 +135,8 @@ class Api:
             _quietly(f"run {name}", functools.partial(self._read_run, path))
         for name in self.catalog.experiments():
             _quietly(f"experiment {name}", functools.partial(self.curves, name))
+        for name in self.catalog.experiments():  # Optuna's replay: after every table
+            _quietly(f"importance {name}", functools.partial(self.importance, name))
 
     def _read_run(self, path: str) -> None:
         for group in self.runs_reader.groups(path):
@@ -275,6 +277,8 @@ class Api:
                "smaller_is_better": searcher.get("smaller_is_better", True),
                "hparams_all": shape.redact(block.get("hparams")),
                "resumed_from": info.get("latest_checkpoint"), "trial_seed": block.get("trial_seed")}
+        if out["state"] == "running":  # a summary line is an earlier attempt's (history)
+            out.update(exit_status=None, outcome=None)
         return shape.finite(out)
 
     def experiment_storage(self, name: str) -> list[str]:
@@ -308,8 +312,9 @@ class Api:
 
     def _run_details(self, run_dir: str) -> dict[str, Any]:
         r = self.runs_reader
-        return {**r.status(run_dir), "groups": r.groups(run_dir),
-                "launcher_events": r.launcher_events(run_dir),
+        events = r.launcher_events(run_dir)
+        return {**r.status(run_dir), **r.outcome(events), "groups": r.groups(run_dir),
+                "launcher_events": events,
                 "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
 
 

@@ -22,6 +22,8 @@ GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
 LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]*: [^\n]*$", re.MULTILINE)
 LOG_LIMIT = 1 << 20
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
+#: the launcher's summary line as its last word on a job (supervisor/verdict.py's summary)
+SUMMARY = re.compile(r"^det-launch[^:]*: (job .*\bexit status (\d+)\)?)$")
 
 
 class _Downsampled:
@@ -115,13 +117,15 @@ class RunReader:
             out[pending] = {"uuid": pending, "steps_completed": None, "time": None,
                             "state": "UNCOMMITTED"}
         for entry in out.values():
-            entry.update(self._storage(entry["uuid"], storage_dirs))
+            entry.update(self._storage(entry["uuid"], storage_dirs,
+                                       final=entry["state"] != "UNCOMMITTED"))
             if entry["state"] == "COMPLETED" and entry["storage"] and not entry["found"]:
                 entry["state"] = "DELETED"  # gone from the storage (gc, by hand)
             del entry["found"]
         return list(out.values())
 
-    def _storage(self, uuid: str, storage_dirs: Sequence[str]) -> dict[str, Any]:
+    def _storage(self, uuid: str, storage_dirs: Sequence[str],
+                 final: bool = True) -> dict[str, Any]:
         if "/" in uuid or uuid.startswith("."):
             return {"size": None, "storage": None, "found": False, "metadata": None}
         for base in storage_dirs:
@@ -131,10 +135,15 @@ class RunReader:
             meta = files.read_json(os.path.join(path, "metadata.json"), self.roots)
             if meta is None:
                 return {"size": None, "storage": base, "found": False, "metadata": None}
+            # A committed checkpoint never changes: its tree is walked once. One being
+            # written is walked again on each request (there is at most one per run).
             with self._lock:
-                if path not in self._sizes:
-                    self._sizes[path] = files.dir_size(path, self.roots)
-                size = self._sizes[path]
+                size = self._sizes.get(path)
+            if size is None:
+                size = files.dir_size(path, self.roots)
+                if final:
+                    with self._lock:
+                        self._sizes[path] = size
             return {"size": size, "storage": base, "found": True,
                     "metadata": shape.redact(meta)}
         return {"size": None, "storage": None, "found": False, "metadata": None}
@@ -173,6 +182,17 @@ class RunReader:
                   for m in LAUNCHER_LINE.finditer(data)][-200:]
         self._events[real] = (key, events)
         return events
+
+    @staticmethod
+    def outcome(events: Sequence[str]) -> dict[str, Any]:
+        """The exit status and how the job ended, from the launcher's last
+        summary line (``job succeeded on 1 node (exit status 0)``); a trial
+        restarted after a failure has several, the last is its end."""
+        for line in reversed(events):
+            m = SUMMARY.match(line)
+            if m:
+                return {"exit_status": int(m.group(2)), "outcome": m.group(1)}
+        return {"exit_status": None, "outcome": None}
 
     def status(self, run_dir: str) -> dict[str, Any]:
         """The run's own notes: early exit, status, metadata, latest checkpoint."""

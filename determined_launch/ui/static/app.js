@@ -42,6 +42,18 @@ function h(tag, attrs, ...kids) {
 
 const fmt = (v) => v === null || v === undefined ? "–" : typeof v === "number"
   ? (Number.isInteger(v) ? String(v) : Number(v.toPrecision(6)).toString()) : String(v);
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
+}
+// What ended the run: its error or early exit, else the launcher's exit status.
+function exitText(r) {
+  if (r.error || r.early_exit) return r.error || r.early_exit;
+  return r.exit_status === null || r.exit_status === undefined ? "–" : `exit status ${r.exit_status}`;
+}
 const when = (t) => t ? new Date(t * 1000).toLocaleString() : "–";
 function dur(s) {
   if (s === null || s === undefined) return "–";
@@ -284,8 +296,8 @@ async function runPage(kind, name, tid) {
   if (info.changed || metrics.some((m) => m.changed) || ck.changed || page.dirty) {
     const title = kind === "trial" ? `Trial ${tid} of ${name}` : `Run ${name}`;
     const facts = [["state", state(r.state)], ["steps completed", fmt(r.steps_completed)],
-      ["best " + (r.metric || ""), fmt(r.best_value)], ["exit", r.error || r.early_exit || "–"],
-      ["status", r.status || "–"], ["resumed from", r.resumed_from || "–"],
+      ["best " + (r.metric || ""), fmt(r.best_value)], ["exit", exitText(r)],
+      ["status", r.status || r.outcome || "–"], ["resumed from", r.resumed_from || "–"],
       ["restarts seen", fmt(r.restarts)], ["latest checkpoint", r.latest_checkpoint || "–"]];
     page.parts.head.replaceChildren(h("h1", {}, title), h("dl", {class: "kv"},
       ...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
@@ -306,7 +318,7 @@ async function runPage(kind, name, tid) {
     page.parts.charts.replaceChildren(...(charts.length ? charts : [h("p", {class: "muted"}, "no metrics reported yet")]));
     page.parts.ckpts.replaceChildren(ck.data.length ? table(["uuid", "steps completed", "state", "size", "time", "storage"],
       ck.data.map((c) => ({cells: [h("code", {}, c.uuid), fmt(c.steps_completed), state(c.state),
-        c.size === null ? "–" : `${(c.size / 1024).toFixed(1)} KiB`, when(c.time), c.storage || "–"],
+        bytes(c.size), when(c.time), c.storage || "–"],
       sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage]})), {sortKey: "ck", sortCol: 4})
       : h("p", {class: "muted"}, "no checkpoints yet"));
     page.parts.events.replaceChildren(r.launcher_events.length
