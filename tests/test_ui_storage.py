@@ -134,14 +134,14 @@ def test_the_mirror_fetches_only_what_grew(tmp_path: pathlib.Path, s3_server: An
     def upload(name: str, local: pathlib.Path) -> None:
         s3.upload_file(str(local), bucket, f"p/runs/run-a/{name}")
 
-    sync = RecordSync(run_dir, upload)
-    (run_dir / "training.jsonl").write_text('{"steps_completed": 1, "metrics": {"x": 1}}\n')
-    (run_dir / "cluster_info.json").write_text('{"job_secret": "s"}')  # never uploaded
-    assert sync.sync() == ["training.jsonl"] and sync.sync() == []
-
     mirror = Mirror(f"s3://{bucket}/p")
     try:
-        mirror.first_sync()
+        mirror.first_sync()  # before the run: it appears at a later sync
+        sync = RecordSync(run_dir, upload)
+        (run_dir / "training.jsonl").write_text('{"steps_completed": 1, "metrics": {"x": 1}}\n')
+        (run_dir / "cluster_info.json").write_text('{"job_secret": "s"}')  # never uploaded
+        assert sync.sync() == ["training.jsonl"] and sync.sync() == []
+        mirror.sync()
         local = mirror.local / "run-a" / "training.jsonl"
         inode = local.stat().st_ino
         with open(run_dir / "training.jsonl", "a") as f:
@@ -160,6 +160,13 @@ def test_the_mirror_fetches_only_what_grew(tmp_path: pathlib.Path, s3_server: An
     finally:
         mirror.close()
     assert not mirror.local.exists()
+    one = Mirror(f"s3://{bucket}/p/runs/run-a")  # a PATH may be one run
+    try:
+        one.first_sync()
+        assert (one.local / "training.jsonl").read_text() == \
+            (run_dir / "training.jsonl").read_text() and one.local.name == "run-a"
+    finally:
+        one.close()
 
 
 def test_object_storage_mistakes_are_one_line(tmp_path: pathlib.Path, s3_server: Any) -> None:

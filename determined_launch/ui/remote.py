@@ -55,17 +55,24 @@ class Mirror:
         self._stop = threading.Event()
 
     def first_sync(self) -> None:
-        """The storage root (its ``runs/``), ``runs/`` itself or one run's
-        prefix; a wrong bucket or refused credentials is one line."""
+        """The storage root (its ``runs/``, which may appear later: the
+        checkpoints are never listed), ``runs/`` itself or one run's prefix."""
         try:
             self.fs.invalidate_cache()
-            if self.fs.isdir(f"{self.base}/{STORAGE_DIR}"):
+            if not self.base.endswith(f"/{STORAGE_DIR}") and not any(
+                    is_record(p.rstrip("/").rsplit("/", 1)[-1]) for p in self._children()):
                 self.base = f"{self.base}/{STORAGE_DIR}"
             self.sync()
         except Exception as e:  # noqa: BLE001 (the library's errors, whatever their class)
             self.close()
             raise LaunchError(f"PATH {self.url}: cannot read it: {type(e).__name__}: "
                               f"{_line(e)}") from None
+
+    def _children(self) -> list[str]:
+        try:
+            return list(self.fs.ls(self.base, detail=False))
+        except FileNotFoundError:
+            return []
 
     def sync(self) -> None:
         self.fs.invalidate_cache()  # the chief writes: never answer from a listing cache
