@@ -4,7 +4,8 @@ A PATH is an experiment directory (it has ``experiment.json``, written by
 ``det-launch experiment``), a run directory (a Core API run's streams, see
 core/_rundir.py), or a directory scanned two levels deep for both. The scan
 is repeated (at most every ``TTL`` seconds), so experiments and runs that
-appear while the server runs are shown without a restart.
+appear while the server runs are shown without a restart. An object-storage
+PATH is served as its local mirror (ui/remote.py), a directory like any other.
 
 URLs name experiments by their name and runs by their directory's name; the
 server looks names up here and never builds a path from what a request says.

@@ -91,7 +91,10 @@ class Mirror:
             stamp = tuple(info.get(k) for k in ("size", "ETag", "LastModified", "mtime",
                                                  "created"))
             if self._seen.get(rel) != stamp:
-                self._fetch(path, rel, int(info.get("size") or 0))
+                try:
+                    self._fetch(path, rel, int(info.get("size") or 0))
+                except FileNotFoundError:
+                    continue  # deleted since the listing
                 self._seen[rel] = stamp
 
     def _fetch(self, path: str, rel: str, size: int) -> None:
