@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests._burst import problems, write_burst
+from tests.conftest import base_env
 from wrap_rank import LINE_CAP, STATUS_DIR_ENV, LinePrefixer
 from wrap_rank._out import SharedOutput
 
@@ -232,6 +233,22 @@ def test_ranks_sharing_one_pipe_keep_every_line_whole(tmp_path: Path) -> None:
         out = reader.read()
     assert [p.wait(timeout=60) for p in procs] == [0] * 4
     assert problems(out, 4, n) == []
+
+
+def test_ranks_flooding_the_per_slot_launcher_reach_stdout_whole(tmp_path: Path) -> None:
+    """Issue 24 through ``det.launch_per_slot``: its four wrap_rank'd workers
+    share the launcher's stdout (a pipe here), with no relay between."""
+    burst, n = write_burst(tmp_path), 5_000
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(
+        "import sys, determined_launch as det\n"
+        f"sys.exit(det.launch_per_slot(lambda r, lr: [sys.executable, {str(burst)!r}, '{n}']))\n"
+    )
+    env = base_env(DET_LAUNCH_SLOTS="4", TMPDIR=str(tmp_path))
+    run = subprocess.run([sys.executable, str(launcher)], env=env, capture_output=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert problems(run.stdout, 4, n) == []
 
 
 def test_shared_streams_are_locked_and_files_are_not(tmp_path: Path) -> None:
