@@ -181,3 +181,55 @@ def test_object_storage_mistakes_are_one_line(tmp_path: pathlib.Path, s3_server:
                        "pip install 'determined_launch[s3]'")):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
         assert "testing" not in r.stderr and not r.stdout
+
+
+def test_the_mirror_follows_and_an_outage_is_one_line(
+        tmp_path: pathlib.Path, s3_server: Any, fault_proxy: Any,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import threading
+    import time
+
+    from determined_launch.ui import remote
+
+    for var, value in {**_s3_env(s3_server), "AWS_ENDPOINT_URL": fault_proxy.endpoint}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(remote, "PERIOD", 0.05)
+    bucket = s3_server.new_bucket()
+    s3 = s3_server.client()
+    line = b'{"steps_completed": 1, "metrics": {"x": 1}}\n'
+    s3.put_object(Bucket=bucket, Key="p/runs/r/training.jsonl", Body=line)
+    mirror = remote.Mirror(f"s3://{bucket}/p")
+    mirror.first_sync()
+    local = mirror.local / "r" / "training.jsonl"
+
+    def until(check: Any) -> None:
+        deadline = time.monotonic() + 15
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    failures = []
+    sync = mirror.sync
+
+    def counted() -> None:
+        try:
+            sync()
+        except Exception as e:
+            failures.append(e)
+            raise
+
+    monkeypatch.setattr(mirror, "sync", counted)
+    threading.Thread(target=mirror.follow, daemon=True).start()
+    try:
+        s3.put_object(Bucket=bucket, Key="p/runs/r/training.jsonl", Body=line * 2)
+        until(lambda: local.read_bytes() == line * 2)
+        fault_proxy.fail_for(-1)  # the storage answers 503 from now on
+        until(lambda: len(failures) >= 3)  # three periods failed
+        fault_proxy.fail_for(0)
+        s3.put_object(Bucket=bucket, Key="p/runs/r/training.jsonl", Body=line * 3)
+        until(lambda: local.read_bytes() == line * 3)  # the copy was served meanwhile
+    finally:
+        fault_proxy.fail_for(0)
+        mirror.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"PATH s3://{bucket}/p: " in err, err
