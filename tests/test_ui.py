@@ -373,3 +373,60 @@ def test_importing_the_package_imports_no_ui() -> None:
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert json.loads(out) == []
+
+
+def test_the_journal_reader_sees_what_optuna_sees(tmp_path: pathlib.Path) -> None:
+    """ui/journal.py reads a real journal (ask/tell, add_trial, a second study,
+    pruned, failed, running, int and categorical params, a torn last line) as
+    Optuna's own replay does."""
+    import optuna
+
+    from determined_launch.experiment import searchers as se
+    from determined_launch.ui.journal import JournalReader
+
+    path = tmp_path / "study.journal"
+    storage = se.open_storage(None, str(path))
+    other = optuna.create_study(study_name="other", storage=storage)
+    study = optuna.create_study(study_name="s", storage=storage, direction="minimize")
+    other.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    for i, end in enumerate(["complete", "pruned", "fail", "running", "complete"]):
+        t = study.ask()
+        t.suggest_float("lr", 1e-4, 1.0, log=True)
+        t.suggest_int("layers", 1, 8)
+        t.suggest_categorical("act", ["relu", "tanh", None])
+        t.set_user_attr("det_hparams", {"lr": i})
+        for step in (10, 20):
+            t.report(1.0 / (step + i), step)
+        if end == "complete":
+            study.tell(t, 0.5 + i)
+        elif end == "pruned":
+            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        elif end == "fail":
+            t.set_user_attr("det_error", "exit status 1")
+            study.tell(t, state=optuna.trial.TrialState.FAIL)
+    study.add_trial(optuna.trial.create_trial(
+        params={"lr": 0.1}, distributions={"lr": _ui_dist()["lr"]}, value=0.25,
+        intermediate_values={5: 0.3}, user_attrs={"k": [1, 2]}))
+    with open(path, "ab") as f:
+        f.write(b'{"op_code": 8, "trial_id": 0')  # a writer killed mid-line
+
+    def view(t: Any) -> tuple[Any, ...]:
+        return (t.number, t.state.name, t.params, t.user_attrs, t.intermediate_values,
+                t.value, t.datetime_start, t.datetime_complete)
+
+    theirs = optuna.load_study(study_name="s", storage=se.open_storage(None, str(path)))
+    reader = JournalReader(str(path), "s")
+    ours = reader.trials() or []
+    assert [view(t) for t in ours] == [view(t) for t in theirs.get_trials(deepcopy=False)]
+    assert [t.state.name for t in ours] == ["COMPLETE", "PRUNED", "FAIL", "RUNNING",
+                                            "COMPLETE", "COMPLETE"]
+    # appended operations are read on the next call, from where the last one ended
+    with open(path, "rb+") as f:
+        data = f.read()
+        f.seek(0)
+        f.truncate()
+        f.write(data[:data.rfind(b"\n") + 1])
+    optuna.load_study(study_name="s", storage=se.open_storage(None, str(path))).tell(3, 0.125)
+    again = optuna.load_study(study_name="s", storage=se.open_storage(None, str(path)))
+    assert [view(t) for t in reader.trials() or []] == [view(t) for t in again.get_trials()]
+    assert JournalReader(str(path), "missing").trials() is None
