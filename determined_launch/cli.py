@@ -26,10 +26,10 @@ from typing import Optional
 from determined_launch import config
 from determined_launch.cluster.detect import detect, detector_names
 from determined_launch.cluster.local_trial import complete
+from determined_launch.core.storage import commit_check
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.launcher import (
     LauncherOptions,
-    commit_check,
     detection_env,
     main_for_backend,
     report_errors,
@@ -93,7 +93,7 @@ def info_command(options: LauncherOptions) -> int:
     report = detect(env, force=options.detector, disable=options.disabled_detectors)
     # what the workers would get
     info = complete(report.info, env, options.local_trial,
-                    is_committed=commit_check(env, report.info))
+                    is_committed=commit_check(env, report.info.checkpoint_storage))
     out = {
         "detector": report.info.source,
         "cluster_info": info.to_dict(),

@@ -36,7 +36,7 @@ from determined_launch.cluster.local_trial import (
 )
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.compat import worker_pythonpath
-from determined_launch.core.storage import check_storage, configured_storage
+from determined_launch.core.storage import check_storage, commit_check, configured_storage
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
 
@@ -274,7 +274,7 @@ def run(
     info = detect_with_config_slots(options, env)
     refuse_nested_launch(info, env)
     info = complete(info, env, options.local_trial, say=_say,
-                    is_committed=commit_check(env, info))
+                    is_committed=commit_check(env, info.checkpoint_storage))
     # A storage mistake (missing extra, bad block, no such bucket) is one line here,
     # before any worker starts, not a traceback from every rank; the chief probes.
     check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
@@ -300,25 +300,6 @@ def run(
 
 def _say(message: str) -> None:
     print(f"det-launch: {message}", file=sys.stderr, flush=True)
-
-
-def commit_check(env: Mapping[str, str], info: ClusterInfo) -> Callable[[str], bool]:
-    """The commit-marker check ``complete`` needs on object storage (as
-    ``checkpoint.latest()`` does it); the storage is opened only if a rerun's
-    pointer asks, once."""
-    opened: list[Any] = []
-
-    def is_committed(storage_id: str) -> bool:
-        if not opened:
-            from determined_launch.core.storage import configured_storage, open_storage
-
-            spec = configured_storage(env, info.checkpoint_storage)
-            if spec is None:
-                return False
-            opened.append(open_storage(spec))
-        return bool(opened[0].is_committed(storage_id))
-
-    return is_committed
 
 
 def requeue_slurm_job(env: Mapping[str, str]) -> bool:

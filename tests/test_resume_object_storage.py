@@ -24,6 +24,21 @@ def _info(env: dict[str, str], cwd: pathlib.Path) -> dict[str, object]:
     return dict(json.loads(r.stdout)["cluster_info"])
 
 
+#: A bare process (no launcher): what core.init() itself resumes from.
+BARE = """
+from determined_launch import core
+with core.init() as ctx:
+    print(ctx.info.latest_checkpoint)
+"""
+
+
+def _bare_resume_point(env: dict[str, str], cwd: pathlib.Path) -> str:
+    r = subprocess.run([sys.executable, "-c", BARE], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[-1]
+
+
 SAVE = """
 from determined_launch import core
 for steps in (185, 186):
@@ -50,6 +65,7 @@ def test_a_save_killed_between_its_marker_and_the_pointer_still_resumes_from_it(
     # What a SIGKILL after the commit marker, before the pointer's second write, leaves:
     pointer.write_text(json.dumps({**record, "storage_id": older, "pending": newer}))
     assert _info(env, tmp_path)["latest_checkpoint"] == newer
+    assert _bare_resume_point(env, tmp_path) == newer  # core.init() without a launcher too
     # ...and one before the marker: the pending id was never committed.
     pointer.write_text(json.dumps({**record, "storage_id": older, "pending": "not-committed"}))
     assert _info(env, tmp_path)["latest_checkpoint"] == older

@@ -15,8 +15,8 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
 
 from determined_launch.cluster.base import Detector, NoMatch
 from determined_launch.cluster.determined import DeterminedInfoDir
@@ -127,13 +127,21 @@ def _say_once(message: str) -> None:
         print(f"det_launch: {message}", file=sys.stderr, flush=True)
 
 
-def resolve_cluster_info(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
+def resolve_cluster_info(
+    env: Optional[Mapping[str, str]] = None,
+    commit_check: Optional[Callable[[Mapping[str, str], Any], Callable[[str], bool]]] = None,
+) -> ClusterInfo:
     """This node's info, always: the detected one, or the local machine, with
     the local trial and the run directory's newest checkpoint when no scheduler
     or launcher named them (``local_trial.py``). What ``core.init()`` and
-    ``pytorch.init()`` run on, on a cluster or not."""
+    ``pytorch.init()`` run on, on a cluster or not. ``commit_check(env,
+    checkpoint_storage)``: the commit-marker check for object storage (from
+    ``core.storage``, which this layer may not import), so that a bare process
+    resumes from the newest *committed* checkpoint as a launcher's workers do."""
     env = os.environ if env is None else env
-    return complete(detect(env).info, env, say=_say_once)
+    info = detect(env).info
+    check = commit_check(env, info.checkpoint_storage) if commit_check is not None else None
+    return complete(info, env, say=_say_once, is_committed=check)
 
 
 #: Launchers that are neither ours nor a scheduler: their workers without our

@@ -24,7 +24,12 @@ from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext
 from determined_launch.core.preempt import DEFAULT_SYNC_PERIOD, PreemptContext, PreemptMode
 from determined_launch.core.searcher import SearcherContext
-from determined_launch.core.storage import StorageSpec, configured_storage, parse_storage
+from determined_launch.core.storage import (
+    StorageSpec,
+    commit_check,
+    configured_storage,
+    parse_storage,
+)
 from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
 from determined_launch.core.train import TrainContext
 from determined_launch.errors import LaunchError
@@ -150,6 +155,13 @@ def resolve_checkpoint_storage(
     return parse_storage(str(run_dir.parent / "checkpoints"), where="default checkpoint storage")
 
 
+def resolve_info() -> ClusterInfo:
+    """This process's cluster info, in local mode too, with a resume point that
+    is a *committed* checkpoint also on object storage (the commit-marker check
+    that only this layer can open)."""
+    return resolve_cluster_info(commit_check=commit_check)
+
+
 def init(
     *,
     distributed: Optional[Collectives] = None,
@@ -174,7 +186,7 @@ def init(
     ``None``) the local machine and its local trial. ``preempt_sync_period``: see
     ``PreemptContext``.
     """
-    info = info if info is not None else resolve_cluster_info()
+    info = info if info is not None else resolve_info()
     if distributed is None:
         world = os.environ.get("WORLD_SIZE", "1")
         if world.isdigit() and int(world) > 1:

@@ -139,13 +139,13 @@ def _describe(plan: RunPlan) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from determined_launch._user import show_info_logs
-    from determined_launch.cluster.detect import resolve_cluster_info
+    from determined_launch.core._context import resolve_info
 
     show_info_logs()
     try:
         ns = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
         config = read_config(ns.config) if ns.config else None
-        info = resolve_cluster_info()
+        info = resolve_info()
         plan = plan_run(
             config,
             ns.entrypoint,

@@ -22,7 +22,7 @@ import torch
 
 from determined_launch import core
 from determined_launch._user import show_info_logs
-from determined_launch.cluster import resolve_cluster_info
+from determined_launch.core._context import resolve_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._checkpoint_io import find_state_file
 from determined_launch.pytorch._compat import _InitHandle, _Seed002Mixin
@@ -117,7 +117,7 @@ def _init(
     seed: Optional[int] = None,
 ) -> Iterator[PyTorchTrialContext]:
     show_info_logs()  # `python train.py` shows its progress lines
-    info = resolve_cluster_info()
+    info = resolve_info()
     if hparams is None and info.trial is not None:
         # A superset of upstream (which leaves hparams unset): the trial's own.
         hparams = dict(info.trial.hparams)
@@ -206,7 +206,7 @@ class Trainer:
         self._trial = trial
         self._context = context
         self._core = context._core
-        self._info = getattr(self._core, "info", None) or resolve_cluster_info()
+        self._info = getattr(self._core, "info", None) or resolve_info()
         self._local_training = self._info.trial is None or self._info.trial.local
         self.last_validation_metrics: Optional[dict[str, Any]] = None
         self.latest_checkpoint: Optional[str] = None

@@ -7,7 +7,7 @@ Nothing here imports fsspec or a cloud library until an object store is opened.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from determined_launch import envvars
@@ -29,6 +29,7 @@ __all__ = [
     "StorageSpec",
     "StorageTransferError",
     "check_storage",
+    "commit_check",
     "configured_storage",
     "open_storage",
     "parse_storage",
@@ -71,3 +72,22 @@ def check_storage(spec: Optional[StorageSpec], *, probe: bool) -> None:
     a traceback per rank."""
     if spec is not None and probe and not spec.is_directory:
         open_storage(spec, probe=True)
+
+
+def commit_check(env: Mapping[str, str], from_info: Any) -> Callable[[str], bool]:
+    """The commit-marker check a resume point needs on object storage, where a
+    pointer's ``pending`` checkpoint may be committed or not (as
+    ``checkpoint.latest()`` checks it). ``from_info``: the cluster info's
+    ``checkpoint_storage``. The storage is opened only if a rerun's pointer
+    asks, and once."""
+    opened: list[StorageBackend] = []
+
+    def is_committed(storage_id: str) -> bool:
+        if not opened:
+            spec = configured_storage(env, from_info)
+            if spec is None:
+                return False
+            opened.append(open_storage(spec))
+        return bool(opened[0].is_committed(storage_id))
+
+    return is_committed
