@@ -60,13 +60,14 @@ def test_single_node_two_workers_under_horovodrun(tmp_path: Path, launches: list
 def test_ranks_flooding_horovodrun_reach_stdout_whole(tmp_path: Path,
                                                       launches: list[Launch]) -> None:
     """Issue 24 through horovodrun: two ranks as fast as they can. Before,
-    horovodrun's forwarding threads wrote to its stdout at once: a short line
-    landed inside a long one (6 of each rank's 2,000 lines lost in one run),
-    and the cut-off rests kept the tools' log after a successful job."""
+    with PYTHONUNBUFFERED (as in many containers), horovodrun's forwarding
+    threads wrote to its stdout at once: a short line landed inside a long
+    one (6 of each rank's 2,000 lines lost in one run), and the cut-off rests
+    kept the tools' log after a successful job."""
     burst, n = write_burst(tmp_path), 2_000
     launch = Launch(
         launcher_cmd(sys.executable, str(burst), str(n), module=MODULE),
-        real_env(tmp_path / "tmp", DET_LAUNCH_SLOTS="2"),
+        real_env(tmp_path / "tmp", DET_LAUNCH_SLOTS="2", PYTHONUNBUFFERED="1"),
     )
     launches.append(launch)
     assert launch.wait(120) == 0, launch.stderr
