@@ -430,3 +430,27 @@ def test_the_journal_reader_sees_what_optuna_sees(tmp_path: pathlib.Path) -> Non
     again = optuna.load_study(study_name="s", storage=se.open_storage(None, str(path)))
     assert [view(t) for t in reader.trials() or []] == [view(t) for t in again.get_trials()]
     assert JournalReader(str(path), "missing").trials() is None
+
+
+def test_finite_reaches_into_tuples() -> None:  # a curve's points are (length, value) pairs
+    assert shape.finite([(1, float("nan")), (2, 0.5)]) == [[1, None], [2, 0.5]]
+    assert shape.finite({"a": {"b": float("inf")}, "c": "x"}) == {"a": {"b": None}, "c": "x"}
+
+
+def test_a_checkpoint_being_written_is_measured_again(tmp_path: pathlib.Path) -> None:
+    from determined_launch.ui.runs import RunReader
+
+    run = RunDir(tmp_path / "runs" / "r", trial_id=None).path
+    uuid = "11111111-2222-4333-8444-555555555555"
+    ck = tmp_path / "runs" / "checkpoints" / uuid
+    ck.mkdir(parents=True)
+    (ck / "metadata.json").write_text("{}")
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "latest_checkpoint.json").write_text(json.dumps({"pending": uuid}))
+    reader = RunReader([str(tmp_path)])
+    storage = [str(ck.parent)]
+    [first] = reader.checkpoints(str(run), storage)
+    (ck / "weights.bin").write_bytes(bytes(5000))
+    [then] = reader.checkpoints(str(run), storage)
+    assert first["state"] == then["state"] == "UNCOMMITTED"
+    assert then["size"] == first["size"] + 5000

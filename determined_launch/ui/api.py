@@ -46,6 +46,10 @@ def _trial_state(t: Any) -> str:
     return state
 
 
+#: one encoder for every row (``json.dumps`` with options builds one per call)
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
 class _Trial:
     """One trial's row and curve, with their JSON encoded on first use."""
 
@@ -61,12 +65,12 @@ class _Trial:
         row = self.row  # replaced whole when its file columns arrive (Api._fill)
         cached = self._row_json
         if cached is None or cached[0] is not row:
-            cached = self._row_json = (row, json.dumps(row, separators=(",", ":")).encode())
+            cached = self._row_json = (row, _ENCODE(row).encode())
         return cached[1]
 
     def curve_json(self) -> bytes:
         if self._curve_json is None:
-            self._curve_json = json.dumps(self.curve, separators=(",", ":")).encode()
+            self._curve_json = _ENCODE(self.curve).encode()
         return self._curve_json
 
 
@@ -131,10 +135,11 @@ class Api:
         """Read every run's streams and every experiment's study once (the
         server does this at start, beside serving, so the first visitor of a
         million-point run or a 10,000-trial experiment is served from memory)."""
-        for name, path in self.catalog.runs().items():
-            _quietly(f"run {name}", functools.partial(self._read_run, path))
+        # Experiments first: the home page (the first a visitor sees) needs every table.
         for name in self.catalog.experiments():
             _quietly(f"experiment {name}", functools.partial(self.curves, name))
+        for name, path in self.catalog.runs().items():
+            _quietly(f"run {name}", functools.partial(self._read_run, path))
         for name in self.catalog.experiments():  # Optuna's replay: after every table
             _quietly(f"importance {name}", functools.partial(self.importance, name))
 

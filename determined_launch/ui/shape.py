@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -26,12 +27,18 @@ def redact_text(text: str) -> str:
     return TEXT_SECRET.sub(rf"\1\2{REDACTED}", text)
 
 
+@functools.lru_cache(maxsize=4096)
+def _secret(key: str) -> bool:
+    """Whether a key's value is hidden (10,000 trials repeat a few keys)."""
+    return SECRET_KEY.search(key) is not None
+
+
 def redact(value: Any, depth: int = 0) -> Any:
     """``value`` with secret-looking keys' values and URL credentials replaced."""
     if depth > 32:
         return REDACTED
     if isinstance(value, Mapping):
-        return {str(k): REDACTED if SECRET_KEY.search(str(k)) else redact(v, depth + 1)
+        return {str(k): REDACTED if _secret(str(k)) else redact(v, depth + 1)
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v, depth + 1) for v in value]
@@ -40,14 +47,20 @@ def redact(value: Any, depth: int = 0) -> Any:
     return value
 
 
+_LEAVES = frozenset({str, int, bool, type(None)})
+
+
 def finite(value: Any) -> Any:
     """JSON has no NaN or infinity: they are sent as null (a diverged loss shows as a gap)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):  # leaves inline: a 10,000-trial table has 200,000 values
+        return {k: v if type(v) in _LEAVES else finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [v if type(v) in _LEAVES else finite(v) for v in value]
     return value
 
 
