@@ -10,7 +10,8 @@ Each measured against a real ``det-launch ui`` subprocess over HTTP on loopback:
   (first request: the journal replayed; finished trials' file columns
   (checkpoints, restarts) then fill in from a background thread, timed too)
   and warm (the next poll). Beside it, Optuna alone on the same journal:
-  ``optuna.load_study(...).get_trials()`` in a fresh process.
+  ``optuna.load_study(...).get_trials()`` in a fresh process, and the UI's
+  own journal reader (``ui/journal.py``) alone, also in a fresh process.
 * **home page data**: ``/api/v1/experiments`` + ``/api/v1/runs``.
 * **a 1,000,000-point chart**: a run whose training.jsonl has ``--points``
   reports; ``metrics?max_points=1000`` cold and warm, the server's RSS after.
@@ -139,6 +140,13 @@ def main() -> None:
                 f"'{root}/det_experiments/big/study.journal')); n=len(s.get_trials()); "
                 "print(time.perf_counter()-t)")
         out["optuna_alone_s"] = float(subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            cwd=REPO).stdout.split()[-1])
+        code = ("import time; t=time.perf_counter(); "
+                "from determined_launch.ui.journal import JournalReader; "
+                f"n=len(JournalReader('{root}/det_experiments/big/study.journal', 'big')"
+                ".trials()); print(time.perf_counter()-t)")
+        out["journal_reader_alone_s"] = float(subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True,
             cwd=REPO).stdout.split()[-1])
         server = Server(root)

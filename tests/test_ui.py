@@ -454,3 +454,25 @@ def test_a_checkpoint_being_written_is_measured_again(tmp_path: pathlib.Path) ->
     [then] = reader.checkpoints(str(run), storage)
     assert first["state"] == then["state"] == "UNCOMMITTED"
     assert then["size"] == first["size"] + 5000
+
+
+def test_a_long_columns_first_read_keeps_the_rows_the_row_loop_keeps() -> None:
+    import random
+    from array import array
+
+    rng = random.Random(1)
+    for n, ties in ((70_000, False), (100_001, True), (65_536, False)):
+        values = array("d", [rng.choice([0.5, 1.0]) if ties else rng.random() for _ in range(n)])
+        for i in range(0, n, 7919):
+            values[i] = [math.nan, math.inf, -math.inf][i % 3]
+        values[500:900] = array("d", [math.nan]) * 400  # rows without the metric
+        bulk = shape.Extremes(1000)
+        bulk.update(values)  # one long first read
+        rows = shape.Extremes(1000)
+        rows.update(values[:1])
+        rows.update(values)  # grown row by row
+        assert (bulk.size, bulk.lo, bulk.hi) == (rows.size, rows.lo, rows.hi)
+        values.extend([rng.random() for _ in range(5000)])
+        bulk.update(values)
+        rows.update(values)
+        assert bulk.indices(values) == rows.indices(values)
