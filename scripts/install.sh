@@ -27,4 +27,8 @@ fi
 for extra in scripts/install_*.sh scripts/build_horovod.sh; do
   [ -f "$extra" ] && bash "$extra"
 done
+# The determined==0.38.1 side environment (the peer of the compatibility tests
+# and benchmarks; never our dependency), built here once and cached, so that
+# its minutes of pip install are not spent inside a test's time limit.
+bash benchmarks/peer_pytorch_env.sh >/dev/null
 exit 0
