@@ -1,6 +1,7 @@
 """``det-launch ui`` at scale (issue 25's targets).
 
     python benchmarks/bench_ui.py [--trials 10000] [--points 1000000] [--tabs 20]
+                                  [--chart-only] [--tree CHECKOUT] [--keep DIR]
 
 Each measured against a real ``det-launch ui`` subprocess over HTTP on loopback:
 
@@ -14,10 +15,15 @@ Each measured against a real ``det-launch ui`` subprocess over HTTP on loopback:
   own journal reader (``ui/journal.py``) alone, also in a fresh process.
 * **home page data**: ``/api/v1/experiments`` + ``/api/v1/runs``.
 * **a 1,000,000-point chart**: a run whose training.jsonl has ``--points``
-  reports; ``metrics?max_points=1000`` cold and warm, the server's RSS after.
+  reports; ``metrics?max_points=1000`` cold and warm, the server's RSS after;
+  beside it, the UI's stream reader (``ui/files.py``) alone parsing that
+  ``training.jsonl`` in a fresh process. ``--chart-only`` measures only this.
 * **tabs following**: ``--tabs`` clients polling a trial page's requests
   each second (with If-None-Match, as the pages do) for 10 s while the run
   grows; the server's CPU time / wall time.
+
+``--tree`` measures another checkout's server and readers (an old commit,
+unpacked with ``git archive``) on the same fixtures, for before/after pairs.
 """
 
 from __future__ import annotations
@@ -118,39 +124,53 @@ def timed(server: Server, paths: list[str]) -> float:
     return sum(server.get(p)[0] for p in paths)
 
 
+def alone(root: pathlib.Path, setup: str, measured: str) -> float:
+    """Seconds of ``measured`` (after ``setup``) in a fresh process."""
+    code = f"import time; {setup}; t=time.perf_counter(); {measured}; print(time.perf_counter()-t)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True, cwd=root).stdout.split()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=10_000)
     ap.add_argument("--points", type=int, default=1_000_000)
     ap.add_argument("--tabs", type=int, default=20)
     ap.add_argument("--keep", metavar="DIR", help="build the fixtures here once and reuse them")
+    ap.add_argument("--chart-only", action="store_true",
+                    help="only the million-point chart (no experiment, no tabs)")
+    ap.add_argument("--tree", metavar="CHECKOUT", default=str(REPO),
+                    help="the checkout whose server and readers are measured")
     args = ap.parse_args()
-    out: dict[str, Any] = {}
+    os.environ["PYTHONPATH"] = str(pathlib.Path(args.tree).resolve())  # servers and readers
+    out: dict[str, Any] = {"tree": os.environ["PYTHONPATH"]}
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(args.keep or tmp)
         run = root / "det_runs" / "long"
-        if not (root / "det_experiments").exists():
-            t = time.perf_counter()
+        t = time.perf_counter()
+        if not args.chart_only and not (root / "det_experiments").exists():
             build_experiment(root, args.trials)
+        if not run.exists():
             build_run(root, args.points)
-            print(f"fixtures built in {time.perf_counter() - t:.1f} s", flush=True)
-        code = ("import time, optuna; optuna.logging.set_verbosity(optuna.logging.WARNING); "
-                "from determined_launch.experiment import searchers as se; t=time.perf_counter(); "
-                f"s=optuna.load_study(study_name='big', storage=se.open_storage(None, "
-                f"'{root}/det_experiments/big/study.journal')); n=len(s.get_trials()); "
-                "print(time.perf_counter()-t)")
-        out["optuna_alone_s"] = float(subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
-            cwd=REPO).stdout.split()[-1])
-        code = ("import time; t=time.perf_counter(); "
-                "from determined_launch.ui.journal import JournalReader; "
-                f"n=len(JournalReader('{root}/det_experiments/big/study.journal', 'big')"
-                ".trials()); print(time.perf_counter()-t)")
-        out["journal_reader_alone_s"] = float(subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
-            cwd=REPO).stdout.split()[-1])
+        print(f"fixtures ready in {time.perf_counter() - t:.1f} s", flush=True)
+        out["stream_reader_alone_s"] = alone(
+            root, "from determined_launch.ui.files import Streams",
+            f"n=len(Streams().get('{run}/training.jsonl', ['{root}']))")
+        if not args.chart_only:
+            journal = f"'{root}/det_experiments/big/study.journal'"
+            out["optuna_alone_s"] = alone(
+                root, "import optuna; optuna.logging.set_verbosity(optuna.logging.WARNING); "
+                "from determined_launch.experiment import searchers as se",
+                f"n=len(optuna.load_study(study_name='big', storage=se.open_storage(None, "
+                f"{journal})).get_trials())")
+            out["journal_reader_alone_s"] = alone(
+                root, "pass", "from determined_launch.ui.journal import JournalReader; "
+                f"n=len(JournalReader({journal}, 'big').trials())")
         server = Server(root)
         try:
+            if args.chart_only:
+                chart_only(server, out)
+                return
             exp = ["/api/v1/experiments/big", "/api/v1/experiments/big/trials",
                    "/api/v1/experiments/big/searcher_metric"]
             t0 = time.perf_counter()
@@ -165,16 +185,22 @@ def main() -> None:
             out["experiment_warm_s"] = min(timed(server, exp) for _ in range(3))
             home = ["/api/v1/experiments", "/api/v1/runs"]
             out["home_warm_s"] = min(timed(server, home) for _ in range(3))
-            chart = "/api/v1/runs/long/metrics?group=training&max_points=1000"
-            out["chart_cold_s"] = server.get(chart)[0]
-            out["chart_warm_s"] = min(server.get(chart)[0] for _ in range(3))
-            out["rss_mib"] = server.ps.memory_info().rss / 2**20
+            chart_only(server, out)
             print(json.dumps(out), flush=True)
             out["tabs_cpu_pct"], out["tabs_worst_request_s"] = tabs(server, run, args.tabs)
         finally:
             server.stop()
-    out.update(trials=args.trials, points=args.points, tabs=args.tabs)
-    print(json.dumps(out, indent=1))
+            out.update(trials=args.trials, points=args.points, tabs=args.tabs)
+            print(json.dumps(out, indent=1))
+
+
+def chart_only(server: Server, out: dict[str, Any]) -> None:
+    """The million-point chart's first request (with --chart-only, right after
+    start: the request waits for the start-up read under way), then polls."""
+    chart = "/api/v1/runs/long/metrics?group=training&max_points=1000"
+    out["chart_cold_s"] = server.get(chart)[0]
+    out["chart_warm_s"] = min(server.get(chart)[0] for _ in range(3))
+    out["rss_mib"] = server.ps.memory_info().rss / 2**20
 
 
 def tabs(server: Server, run: pathlib.Path, n: int,
@@ -214,5 +240,4 @@ def tabs(server: Server, run: pathlib.Path, n: int,
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONPATH", str(REPO))
     main()

@@ -11,6 +11,7 @@ Two rules every read follows:
   (another inode) is read again from the start. A million-point stream is
   parsed once, then each poll costs a ``stat``. Rows are kept in columns of
   C doubles (``array('d')``), about 8 bytes a number instead of a dict each.
+  Lines are parsed a batch per ``json.loads`` (``json_lines``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from typing import Any, Optional
 
 #: bytes parsed per read, so a huge file never sits in memory whole
 CHUNK = 8 << 20
+#: lines parsed per ``json.loads`` call: 256 is as fast as 4,096 (measured) and its dicts
+#: are a few hundred kB at a time
+BATCH = 256
 
 
 @functools.lru_cache(maxsize=64)
@@ -86,6 +90,38 @@ def read_json(path: str, roots: Sequence[str]) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
+def json_lines(lines: Sequence[bytes]) -> Iterator[Any]:
+    """Each line's JSON value, in order; a line that is not one JSON value
+    (torn by a crash, blank, corrupt) is skipped, as ``json.loads`` per line
+    would.
+
+    Why batches: one ``json.loads`` of many lines as a JSON array is about
+    twice as fast as a call a line (the parser is set up once and the
+    repeated keys are made once). A batch that fails, or gives another number
+    of values than lines, is halved until the bad line is alone, so one bad
+    line costs a few parses of its neighbours. A torn line leaves a bracket
+    open that no whole line closes, so it fails its batch; only lines made by
+    hand to close each other's brackets could read as values they are not."""
+    for start in range(0, len(lines), BATCH):
+        yield from _batch(lines[start:start + BATCH])
+
+
+def _batch(lines: Sequence[bytes]) -> list[Any]:
+    if len(lines) > 1:
+        try:  # decoded here, strictly: json.loads would guess an encoding per text
+            values = json.loads("[" + b",".join(lines).decode() + "]")
+        except ValueError:
+            values = None
+        if isinstance(values, list) and len(values) == len(lines):
+            return values
+        half = len(lines) // 2
+        return _batch(lines[:half]) + _batch(lines[half:])
+    try:
+        return [json.loads(lines[0])] if lines else []
+    except ValueError:
+        return []
+
+
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -119,20 +155,31 @@ class Table:
         self.steps.append(math.nan if steps is None else steps)
         t = _number(record.get("time"))
         self.times.append(math.nan if t is None else t)
+        columns, filled = self.columns, 0
         for name, value in metrics.items():
-            num = _number(value)
-            if num is None or math.isnan(num):
-                self.other.setdefault(row, {})[str(name)] = value
-                continue
-            if not isinstance(value, int):
+            kind = type(value)  # exact types first: this loop runs a million times
+            if kind is float and value == value:  # not NaN
+                num: float = value
                 self.floats.add(name)
-            col = self.columns.get(name)
+            elif kind is int:
+                num = float(value)
+            else:
+                maybe = _number(value)
+                if maybe is None or math.isnan(maybe):
+                    self.other.setdefault(row, {})[str(name)] = value
+                    continue
+                num = maybe
+                if not isinstance(value, int):
+                    self.floats.add(name)
+            col = columns.get(name)
             if col is None:
-                col = self.columns[name] = array("d", [math.nan]) * row
+                col = columns[name] = array("d", [math.nan]) * row
             col.append(num)
-        for col in self.columns.values():
-            if len(col) <= row:
-                col.append(math.nan)
+            filled += 1
+        if filled < len(columns):  # a column this row lacks: NaN there
+            for col in columns.values():
+                if len(col) <= row:
+                    col.append(math.nan)
 
     def row(self, i: int) -> dict[str, Any]:
         # A row being added by another thread may not be in every column yet.
@@ -211,11 +258,7 @@ class Streams:
                 if end == 0:
                     return
                 entry.offset += end
-                for line in chunk[:end].splitlines():
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue  # a torn line after a crash
+                for record in json_lines(chunk[:end].splitlines()):
                     if isinstance(record, dict):
                         entry.table.add(record)
                 if len(chunk) < CHUNK:
