@@ -1,0 +1,155 @@
+"""The experiment page's trial rows and curves, made once per finished trial.
+
+With 10,000 trials a poll must not reread 10,000 trials' files: a finished
+trial's row and curve never change, so they are computed once and kept (with
+their JSON encoding), and its file columns (checkpoints, restarts) are filled
+in by one background thread, so the table is served at once from the study.
+A running trial's row is computed on every request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from determined_launch.ui import shape
+from determined_launch.ui.runs import RunReader
+
+
+def _ts(dt: Any) -> Optional[float]:
+    return dt.timestamp() if dt is not None else None
+
+
+def _trial_state(t: Any) -> str:
+    from determined_launch.experiment import report
+
+    state = str(report.state_of(t))
+    if t.state.name == "RUNNING":
+        try:
+            from determined_launch.experiment.driver import ATTR_BEAT, ATTR_OWNER, owner_alive
+        except ImportError:  # pragma: no cover (the driver's names moved)
+            return state
+        owner = str(t.user_attrs.get(ATTR_OWNER, ""))
+        beat = float(t.user_attrs.get(ATTR_BEAT, 0) or 0)
+        if not owner or not owner_alive(owner, beat, time.time()):
+            return "paused"  # its worker stopped; rerunning the experiment resumes it
+    return state
+
+
+#: one encoder for every row (``json.dumps`` with options builds one per call)
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
+class TrialEntry:
+    """One trial's row and curve, with their JSON encoded on first use."""
+
+    __slots__ = ("end", "row", "curve", "_row_json", "_curve_json")
+
+    def __init__(self, end: Optional[float], row: dict[str, Any],
+                 curve: dict[str, Any]) -> None:
+        self.end, self.row, self.curve = end, row, curve
+        self._row_json: Optional[tuple[dict[str, Any], bytes]] = None
+        self._curve_json: Optional[bytes] = None
+
+    def row_json(self) -> bytes:
+        row = self.row  # replaced whole when its file columns arrive (TrialRows._fill)
+        cached = self._row_json
+        if cached is None or cached[0] is not row:
+            cached = self._row_json = (row, _ENCODE(row).encode())
+        return cached[1]
+
+    def curve_json(self) -> bytes:
+        if self._curve_json is None:
+            self._curve_json = _ENCODE(self.curve).encode()
+        return self._curve_json
+
+
+class TrialRows:
+    """The cache of finished trials' rows and curves, and the thread that
+    fills in their file columns."""
+
+    def __init__(self, runs_reader: RunReader) -> None:
+        self.runs_reader = runs_reader
+        #: finished trials, which never change: (exp_dir, number) -> row and curve
+        self._final: dict[tuple[str, int], TrialEntry] = {}
+        self._lock = threading.Lock()
+        self._exp_locks: dict[str, threading.Lock] = {}
+        self._pending: queue.SimpleQueue[TrialEntry] = queue.SimpleQueue()
+        self._filler: Optional[threading.Thread] = None
+
+    def entries(self, exp_dir: str, trials: list[Any], smaller: bool) -> list[TrialEntry]:
+        with self._lock:
+            lock = self._exp_locks.setdefault(exp_dir, threading.Lock())
+        with lock:  # the first reader of 10,000 trials' files does it once for all
+            return [self.entry(exp_dir, t, smaller) for t in trials]
+
+    def entry(self, exp_dir: str, t: Any, smaller: bool) -> TrialEntry:
+        """A trial's row and curve. A finished trial's are made once: with
+        10,000 trials a poll then costs the running trials' files only."""
+        key = (exp_dir, t.number)
+        end = _ts(t.datetime_complete)
+        cached = self._final.get(key)
+        if cached is not None and cached.end == end:
+            return cached
+        finished = end is not None and t.state.name != "RUNNING"
+        row = self._compute_row(exp_dir, t, smaller, files=not finished)
+        entry = TrialEntry(end, row, {"trial_id": row["trial_id"], "state": row["state"],
+                                  "points": shape.finite(sorted(t.intermediate_values.items()))})
+        if finished:
+            self._final[key] = entry
+            self._pending.put(entry)
+            self._start_filler()
+        return entry
+
+    def _start_filler(self) -> None:
+        """A finished trial's file columns (checkpoints, restarts) are read by
+        one background thread: a 10,000-trial table is served at once from the
+        study, and its columns fill in within seconds (the pages are live)."""
+        with self._lock:
+            if self._filler is None:
+                self._filler = threading.Thread(target=self._fill, daemon=True,
+                                                name="trial-files")
+                self._filler.start()
+
+    def _fill(self) -> None:
+        while True:
+            entry = self._pending.get()
+            try:
+                columns = self._file_columns(entry.row["path"])
+            except Exception as e:  # noqa: BLE001 (one unreadable trial leaves a gap, not a dead thread)
+                print(f"det-launch ui: {entry.row['path']}: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
+                continue
+            entry.row = shape.finite({**entry.row, **columns})
+
+    def _file_columns(self, run_dir: str) -> dict[str, Any]:
+        return {"checkpoints": sum(1 for c in self.runs_reader.table(run_dir, "checkpoints")
+                                   .records if c.get("storage_id")),
+                "restarts": self.runs_reader.regressions(run_dir)}
+
+    def _compute_row(self, exp_dir: str, t: Any, smaller: bool,
+                     files: bool = True) -> dict[str, Any]:
+        from determined_launch.experiment import report
+
+        values = t.intermediate_values
+        length = max(values) if values else None
+        row: dict[str, Any] = {
+            "trial_id": t.number + 1, "state": _trial_state(t),
+            "hparams": shape.redact(report.hparams_of(t)),
+            "best_value": report.best_value(t, smaller),
+            "latest_value": values[length] if length is not None else None,
+            "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
+            "error": shape.redact(t.user_attrs.get("det_error"))}
+        row["path"] = self.trial_dir_of(exp_dir, t.number + 1)
+        row.update(self._file_columns(row["path"]) if files else
+                   {"checkpoints": None, "restarts": None})
+        return shape.finite(row)
+
+    @staticmethod
+    def trial_dir_of(exp_dir: str, trial_id: int) -> str:
+        return os.path.join(exp_dir, "trials", str(int(trial_id)))
