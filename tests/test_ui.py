@@ -432,6 +432,46 @@ def test_the_journal_reader_sees_what_optuna_sees(tmp_path: pathlib.Path) -> Non
     assert JournalReader(str(path), "missing").trials() is None
 
 
+def test_the_journal_reader_keeps_a_record_spliced_after_a_torn_fragment(
+        tmp_path: pathlib.Path) -> None:
+    """An older writer appended a whole record right after a torn fragment:
+    the study's own backend (experiment/journal.py) keeps the record after
+    the fragment, and the UI's reader replays the same trials instead of
+    refusing the journal; a line that is no record at all stops both."""
+    import optuna
+
+    from determined_launch.errors import LaunchError
+    from determined_launch.experiment import searchers as se
+    from determined_launch.ui.journal import JournalReader
+
+    path = tmp_path / "study.journal"
+    study = optuna.create_study(study_name="s", storage=se.open_storage(None, str(path)))
+    for i in range(3):
+        t = study.ask()
+        t.suggest_float("lr", 1e-4, 1.0, log=True)
+        t.set_user_attr("det_hparams", {"lr": i})
+        study.tell(t, 0.5 + i)
+    lines = path.read_bytes().splitlines(keepends=True)
+    at = next(i for i, x in enumerate(lines) if b'"op_code":8' in x.replace(b" ", b""))
+    lines[at] = b'{"op_code": 8, "trial_id": 0, "user_at' + lines[at]
+    path.write_bytes(b"".join(lines))
+
+    def view(t: Any) -> tuple[Any, ...]:
+        return t.number, t.state.name, t.params, t.user_attrs, t.value
+
+    theirs = optuna.load_study(study_name="s", storage=se.open_storage(None, str(path)))
+    ours = JournalReader(str(path), "s").trials() or []
+    assert [view(t) for t in ours] == [view(t) for t in theirs.get_trials(deepcopy=False)]
+    assert ours[0].user_attrs == {"det_hparams": {"lr": 0}}  # the spliced record counted
+
+    lines[at] = b"not a record\n"
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(ValueError, match="not a journal record"):
+        JournalReader(str(path), "s").trials()
+    with pytest.raises(LaunchError, match=f"line {at + 1} is not a journal record"):
+        optuna.load_study(study_name="s", storage=se.open_storage(None, str(path)))
+
+
 def test_finite_reaches_into_tuples() -> None:  # a curve's points are (length, value) pairs
     assert shape.finite([(1, float("nan")), (2, 0.5)]) == [[1, None], [2, 0.5]]
     assert shape.finite({"a": {"b": float("inf")}, "c": "x"}) == {"a": {"b": None}, "c": "x"}

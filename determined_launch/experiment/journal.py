@@ -60,20 +60,16 @@ def backend(optuna: Any, path: str) -> Any:
                         yield record
 
         def _parse(self, line: bytes, number: int) -> dict[str, Any]:
-            try:
-                return _record(json.loads(line))
-            except (ValueError, TypeError):
-                pass
-            spliced = _after_fragment(line)
-            if spliced is None:
+            record, spliced = record_of(line)
+            if record is None:
                 raise LaunchError(f"study storage {path}: line {number + 1} is not a journal "
                                   "record; the study cannot be replayed past it (move the file "
                                   "aside, or cut it before that line to keep the trials above)")
-            if number not in self._reported:
+            if spliced and number not in self._reported:
                 self._reported.add(number)
                 _note(f"study storage {path}: line {number + 1} starts with a torn record "
                       "(a worker killed mid-write); dropped it, kept the record after it")
-            return spliced
+            return record
 
         def append_logs(self, logs: list[dict[str, Any]]) -> None:
             data = b"".join(json.dumps(log, separators=(",", ":")).encode() + b"\n"
@@ -90,6 +86,19 @@ def backend(optuna: Any, path: str) -> Any:
                 self._lock_obj.release()
 
     return TornSafeJournal()
+
+
+def record_of(line: bytes) -> tuple[Optional[dict[str, Any]], bool]:
+    """One journal line's record and whether it was spliced: the line itself,
+    else the whole record an older writer appended after a torn fragment,
+    else ``(None, False)``. The one per-line rule, shared with the WebUI's
+    reader (ui/journal.py) so both replay the same records."""
+    try:
+        return _record(json.loads(line)), False
+    except (ValueError, TypeError):
+        pass
+    spliced = _after_fragment(line)
+    return spliced, spliced is not None
 
 
 def _record(value: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import math
 import os
 import threading
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 #: bytes parsed per read, so a huge file never sits in memory whole
@@ -90,10 +90,19 @@ def read_json(path: str, roots: Sequence[str]) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def json_lines(lines: Sequence[bytes]) -> Iterator[Any]:
+def _skip_bad(line: bytes) -> list[Any]:
+    try:
+        return [json.loads(line)]
+    except ValueError:
+        return []
+
+
+def json_lines(lines: Sequence[bytes],
+               one: Callable[[bytes], list[Any]] = _skip_bad) -> Iterator[Any]:
     """Each line's JSON value, in order; a line that is not one JSON value
-    (torn by a crash, blank, corrupt) is skipped, as ``json.loads`` per line
-    would.
+    (torn by a crash, blank, corrupt) is given to ``one``, which returns its
+    values: by default none (skipped, as ``json.loads`` per line would); the
+    study's journal recovers a record after a torn fragment or stops instead.
 
     Why batches: one ``json.loads`` of many lines as a JSON array is about
     twice as fast as a call a line (the parser is set up once and the
@@ -103,10 +112,10 @@ def json_lines(lines: Sequence[bytes]) -> Iterator[Any]:
     open that no whole line closes, so it fails its batch; only lines made by
     hand to close each other's brackets could read as values they are not."""
     for start in range(0, len(lines), BATCH):
-        yield from _batch(lines[start:start + BATCH])
+        yield from _batch(lines[start:start + BATCH], one)
 
 
-def _batch(lines: Sequence[bytes]) -> list[Any]:
+def _batch(lines: Sequence[bytes], one: Callable[[bytes], list[Any]]) -> list[Any]:
     if len(lines) > 1:
         try:  # decoded here, strictly: json.loads would guess an encoding per text
             values = json.loads("[" + b",".join(lines).decode() + "]")
@@ -115,11 +124,8 @@ def _batch(lines: Sequence[bytes]) -> list[Any]:
         if isinstance(values, list) and len(values) == len(lines):
             return values
         half = len(lines) // 2
-        return _batch(lines[:half]) + _batch(lines[half:])
-    try:
-        return [json.loads(lines[0])] if lines else []
-    except ValueError:
-        return []
+        return _batch(lines[:half], one) + _batch(lines[half:], one)
+    return one(lines[0]) if lines else []
 
 
 def _number(value: Any) -> Optional[float]:

@@ -23,6 +23,9 @@ import json
 import os
 from typing import Any, Optional
 
+from determined_launch.experiment.journal import record_of
+from determined_launch.ui.files import json_lines
+
 # Optuna's JournalOperation codes
 CREATE_STUDY, DELETE_STUDY = 0, 1
 CREATE_TRIAL, SET_TRIAL_PARAM, SET_TRIAL_STATE_VALUES = 4, 5, 6
@@ -127,18 +130,23 @@ class JournalReader:
                 end = chunk.rfind(b"\n") + 1  # an unfinished last line is not a record
                 if end == 0:
                     return
-                lines = chunk[:end].splitlines()
-                try:  # one parse of the whole chunk as a JSON array: several times faster
-                    ops = json.loads(b"[" + b",".join(x for x in lines if x.strip()) + b"]")
-                except ValueError:
-                    raise ValueError(f"{self.path}: a line after byte {self.offset} is not "
-                                     "JSON (not an Optuna journal?)") from None
-                for op in ops:
+                lines = [x for x in chunk[:end].splitlines() if x.strip()]
+                for op in json_lines(lines, self._one):
                     self._apply(op)
                 self.offset += end
                 if len(chunk) < CHUNK:
                     return
                 f.seek(self.offset)
+
+    def _one(self, line: bytes) -> list[dict[str, Any]]:
+        """A line its batch could not parse: the writer's own rule (a record
+        after a torn fragment is kept); anything else stops the read, since
+        skipping a record would renumber the trials after it."""
+        record, _ = record_of(line)
+        if record is None:
+            raise ValueError(f"{self.path}: a line after byte {self.offset} is not a "
+                             "journal record (not an Optuna journal?)")
+        return [record]
 
     def _updatable(self, op: dict[str, Any]) -> Optional[Trial]:
         t = self._trials.get(op["trial_id"])
