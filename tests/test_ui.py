@@ -92,6 +92,36 @@ def test_chart_rows_are_downsampled_and_the_raw_rows_complete(tmp_path: pathlib.
                                                          since=4998)] == [4999, 5000]
 
 
+def test_a_long_stream_answers_a_chart_with_a_preview_while_it_is_read(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downsampled request for a stream not read yet gets evenly spaced rows
+    (and the newest) at once, then the shape-keeping rows once the background
+    read ends; a request for every row never gets a preview."""
+    from determined_launch.ui import files, runs
+
+    rows = [{"steps_completed": i + 1, "metrics": {"loss": 50.0 if i == 3210 else 1.0 / (i + 1)}}
+            for i in range(5000)]
+    with open(tmp_path / "training.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.write('{"steps_completed": 5001, "metr')  # being written: not a row yet
+    monkeypatch.setattr(runs, "PREVIEW_BYTES", 1000)
+    reader = runs.RunReader([str(tmp_path)])
+    preview, sampled = reader.chart(str(tmp_path), "training", max_points=100)
+    assert sampled
+    steps = [r["steps_completed"] for r in preview]
+    assert 90 <= len(steps) <= 101 and steps == sorted(set(steps))
+    assert steps[0] == 1 and steps[-1] == 5000  # from the first row to the newest
+    assert all(r["metrics"] == rows[r["steps_completed"] - 1]["metrics"] for r in preview)
+    deadline = time.monotonic() + 30
+    while sampled and time.monotonic() < deadline:
+        time.sleep(0.05)
+        chart, sampled = reader.chart(str(tmp_path), "training", max_points=100)
+    assert not sampled and 3211 in [r["steps_completed"] for r in chart]  # the spike kept
+    # a stream with fewer lines than asked for: each whole line once
+    few = files.sample(str(tmp_path / "training.jsonl"), [str(tmp_path)], 10_000)
+    assert [r["steps_completed"] for r in few.rows()] == list(range(1, 5001))
+
+
 def test_confinement_refuses_symlinks_out_of_the_tree(tmp_path: pathlib.Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("private\n")

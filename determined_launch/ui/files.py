@@ -250,6 +250,17 @@ class Streams:
             entry.size, entry.mtime = st.st_size, st.st_mtime_ns
             return entry.table
 
+    def backlog(self, path: str) -> int:
+        """Bytes of ``path`` not parsed yet (falls while a read is under way)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return 0
+        entry = self._entries.get(path)
+        if entry is None or entry.key != (st.st_dev, st.st_ino) or st.st_size < entry.offset:
+            return st.st_size
+        return st.st_size - entry.offset
+
     @staticmethod
     def _follow(path: str, entry: _Entry) -> None:
         try:
@@ -270,6 +281,46 @@ class Streams:
                 if len(chunk) < CHUNK:
                     return  # the end of the file (no second read to learn it)
                 f.seek(entry.offset)
+
+
+def sample(path: str, roots: Sequence[str], n: int) -> Table:
+    """About ``n`` rows spread evenly over a stream by byte offset, and its
+    last whole row: a preview read with ``n`` seeks instead of a parse of
+    every line (a million-line stream: milliseconds instead of seconds)."""
+    table = Table()
+    real = confined(path, roots)
+    if real is None:
+        return table
+    try:
+        with open(real, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            lines: list[bytes] = []
+            seen = -1
+            for i in range(n):
+                f.seek(size * i // n)
+                if i:
+                    f.readline()  # the rest of the line the seek landed in
+                pos = f.tell()
+                if pos >= size:
+                    break
+                if pos <= seen:
+                    continue  # lines longer than the spacing: this one is read already
+                seen = pos
+                lines.append(f.readline())
+            base = max(0, size - 65536)
+            f.seek(base)
+            tail = f.read()
+    except OSError:
+        return table
+    end = tail.rfind(b"\n")
+    start = tail.rfind(b"\n", 0, max(end, 0)) + 1
+    if end >= 0 and base + start > seen and (start > 0 or base == 0):
+        lines.append(tail[start:end + 1])  # the newest row: the chart reaches the present
+    lines = [x for x in lines if x.endswith(b"\n")]  # a line still being written is not a row
+    for record in json_lines([x.rstrip(b"\r\n") for x in lines]):
+        if isinstance(record, dict):
+            table.add(record)
+    return table
 
 
 def tail_bytes(path: str, roots: Sequence[str], offset: Optional[int],

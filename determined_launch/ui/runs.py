@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, Union
 
 from determined_launch.ui import files, shape
 
@@ -21,9 +22,22 @@ GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
 #: the launcher's own lines in a trial's output.log: its preemption and restart history
 LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]*: [^\n]*$", re.MULTILINE)
 LOG_LIMIT = 1 << 20
+#: unread bytes above which a chart gets a preview while the stream is read (~80,000 rows)
+PREVIEW_BYTES = 8 << 20
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
 #: the launcher's summary line as its last word on a job (supervisor/verdict.py's summary)
 SUMMARY = re.compile(r"^det-launch[^:]*: (job .*\bexit status (\d+)\)?)$")
+
+
+class RemoteCheckpoints(Protocol):
+    """Checkpoints in object storage (ui/remote.py's ``Mirror``)."""
+
+    def checkpoint(self, uuid: str) -> dict[str, Any]:
+        """``{size, storage, found, metadata}`` of one checkpoint."""
+
+
+#: where a run's checkpoints are: local directories, or an object storage
+Storages = Sequence[Union[str, RemoteCheckpoints]]
 
 
 class _Downsampled:
@@ -43,6 +57,8 @@ class RunReader:
         self._events: dict[str, tuple[tuple[int, int], list[str]]] = {}
         self._lock = threading.Lock()
         self._downsampled: dict[tuple[str, str, int], _Downsampled] = {}
+        self._reading: set[tuple[str, str]] = set()  # streams read by a background thread
+        self._previews: dict[tuple[str, int], tuple[float, list[dict[str, Any]]]] = {}
 
     def table(self, run_dir: str, group: str) -> files.Table:
         if not GROUP.match(group):
@@ -62,10 +78,58 @@ class RunReader:
                 since: int = 0) -> list[dict[str, Any]]:
         """Every report of ``group`` in step order (as written), from row
         ``since``; with ``max_points``, the rows that keep each metric's shape."""
+        return self.chart(run_dir, group, max_points, since)[0]
+
+    def chart(self, run_dir: str, group: str, max_points: Optional[int] = None,
+              since: int = 0) -> tuple[list[dict[str, Any]], bool]:
+        """``metrics`` and whether the rows are a preview.
+
+        Why a preview: the first read of a long stream parses every line
+        (about 2 s of CPU per million rows here), and a chart asks for a
+        thousand of them. While more than ``PREVIEW_BYTES`` are unread, a
+        downsampled request answers at once with rows spread evenly over the
+        file (``files.sample``) and a background thread reads the stream;
+        the pages poll each second, so the shape-keeping rows replace the
+        preview as soon as the read ends. Requests for every row wait."""
+        if max_points is not None and GROUP.match(group):
+            path = os.path.join(run_dir, f"{group}.jsonl")
+            if self.streams.backlog(path) > PREVIEW_BYTES:
+                self._read_in_background(run_dir, group)
+                return self._preview(path, max_points), True
         table = self.table(run_dir, group)
         if max_points is not None and len(table) > max_points:
-            return self._downsample(run_dir, group, table, max_points)
-        return [shape.finite(r) for r in table.rows(range(max(0, since), len(table)))]
+            return self._downsample(run_dir, group, table, max_points), False
+        return [shape.finite(r) for r in table.rows(range(max(0, since), len(table)))], False
+
+    def _preview(self, path: str, max_points: int) -> list[dict[str, Any]]:
+        """One sample a second at most, however many tabs ask: the GIL it
+        holds is taken from the read that ends the preview."""
+        now = time.monotonic()
+        hit = self._previews.get((path, max_points))
+        if hit is not None and now - hit[0] < 1.0:
+            return hit[1]
+        rows = [shape.finite(r) for r in files.sample(path, self.roots, max_points).rows()]
+        with self._lock:
+            if len(self._previews) > 64:
+                self._previews.clear()
+            self._previews[(path, max_points)] = (now, rows)
+        return rows
+
+    def _read_in_background(self, run_dir: str, group: str) -> None:
+        key = (run_dir, group)
+        with self._lock:
+            if key in self._reading:
+                return
+            self._reading.add(key)
+
+        def read() -> None:
+            try:
+                self.table(run_dir, group)
+            finally:
+                with self._lock:
+                    self._reading.discard(key)
+
+        threading.Thread(target=read, name=f"read {group}", daemon=True).start()
 
     def _downsample(self, run_dir: str, group: str, table: files.Table,
                     max_points: int) -> list[dict[str, Any]]:
@@ -98,7 +162,7 @@ class RunReader:
         steps = self.table(run_dir, "validation").steps
         return sum(1 for a, b in zip(steps, steps[1:]) if b < a)
 
-    def checkpoints(self, run_dir: str, storage_dirs: Sequence[str]) -> list[dict[str, Any]]:
+    def checkpoints(self, run_dir: str, storage_dirs: Storages) -> list[dict[str, Any]]:
         """Checkpoints the run committed (``checkpoints.jsonl``), newest last,
         with those retention deleted marked, and one being written now."""
         table = self.table(run_dir, "checkpoints")
@@ -124,11 +188,14 @@ class RunReader:
             del entry["found"]
         return list(out.values())
 
-    def _storage(self, uuid: str, storage_dirs: Sequence[str],
+    def _storage(self, uuid: str, storage_dirs: Storages,
                  final: bool = True) -> dict[str, Any]:
         if "/" in uuid or uuid.startswith("."):
             return {"size": None, "storage": None, "found": False, "metadata": None}
         for base in storage_dirs:
+            if not isinstance(base, str):
+                found = dict(base.checkpoint(uuid))
+                return {**found, "metadata": shape.redact(found.get("metadata"))}
             if not os.path.isdir(base):
                 continue
             path = os.path.join(base, uuid)

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
 from determined_launch.ui.api import Api
-from determined_launch.ui.runs import GROUP
+from determined_launch.ui.runs import GROUP, Storages
 
 STATIC = pathlib.Path(__file__).parent / "static"
 #: every file the pages need, by URL name (nothing else under /static/ exists)
@@ -216,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._run_part(seg[2:], run_dir, api.run_storage(seg[1]), query)
         raise NotFound
 
-    def _run_part(self, seg: list[str], run_dir: str, storage: list[str],
+    def _run_part(self, seg: list[str], run_dir: str, storage: Storages,
                   query: dict[str, list[str]]) -> tuple[bytes, str, dict[str, str]]:
         reader = self.server.api.runs_reader
         if seg == ["metrics"]:
@@ -225,7 +225,10 @@ class Handler(BaseHTTPRequestHandler):
                 raise NotFound  # a group is a stream's name, never a path
             points = _int(query, "max_points", 2, MAX_POINTS)
             since = _int(query, "since", 0, 1 << 62) or 0
-            rows = reader.metrics(run_dir, group, points, since)
+            rows, preview = reader.chart(run_dir, group, points, since)
+            if preview:
+                body, kind, _ = _json(rows)
+                return body, kind, {"X-Metrics-Preview": "sampled"}
             # Downsampled rows are one cached list until the stream grows: encode it once.
             key = (run_dir, group, points, since)
             hit = self.server.encoded.get(key)
