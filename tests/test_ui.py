@@ -112,6 +112,7 @@ def test_a_long_stream_answers_a_chart_with_a_preview_while_it_is_read(
     assert 90 <= len(steps) <= 101 and steps == sorted(set(steps))
     assert steps[0] == 1 and steps[-1] == 5000  # from the first row to the newest
     assert all(r["metrics"] == rows[r["steps_completed"] - 1]["metrics"] for r in preview)
+    assert reader.last_step(str(tmp_path)) == 5000  # list pages read the newest line only
     deadline = time.monotonic() + 30
     while sampled and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -152,8 +152,15 @@ class RunReader:
             return state.rows
 
     def last_step(self, run_dir: str) -> Optional[int]:
-        steps = [t.steps[-1] for t in (self.table(run_dir, "training"),
-                                       self.table(run_dir, "validation")) if len(t)]
+        """The newest report's step; from the stream's last line while a long
+        stream is still unread, so list pages never wait for that read."""
+        tables = []
+        for group in ("training", "validation"):
+            path = os.path.join(run_dir, f"{group}.jsonl")
+            unread = self.streams.backlog(path) > PREVIEW_BYTES
+            tables.append(files.sample(path, self.roots, 0) if unread
+                          else self.table(run_dir, group))
+        steps = [t.steps[-1] for t in tables if len(t)]
         steps = [s for s in steps if s == s]
         return int(max(steps)) if steps else None
 
