@@ -112,7 +112,7 @@ def test_a_run_in_s3_is_served_from_s3(tmp_path: pathlib.Path, s3_server: Any,
         assert [(c["uuid"], c["steps_completed"]) for c in checkpoints] == [(uuid, 3)]
         page = json.dumps(served.json("/api/v1/runs/my-run"))
         assert "testing" not in page  # the credentials never reach a page
-        mirrors = list(pathlib.Path(served.json("/api/v1/runs")[0]["path"]).parents)[1]
+        mirrors = list(pathlib.Path(served.json("/api/v1/runs")[0]["path"]).parents)[2]
         assert mirrors.name.startswith("det-ui-") and mirrors.stat().st_mode & 0o077 == 0
     finally:
         served.stop()
@@ -142,7 +142,7 @@ def test_the_mirror_fetches_only_what_grew(tmp_path: pathlib.Path, s3_server: An
         (run_dir / "cluster_info.json").write_text('{"job_secret": "s"}')  # never uploaded
         assert sync.sync() == ["training.jsonl"] and sync.sync() == []
         mirror.sync()
-        local = mirror.local / "run-a" / "training.jsonl"
+        local = mirror.local / "runs" / "run-a" / "training.jsonl"
         inode = local.stat().st_ino
         with open(run_dir / "training.jsonl", "a") as f:
             f.write('{"steps_completed": 2, "metrics": {"x": 2}}\n')
@@ -156,7 +156,7 @@ def test_the_mirror_fetches_only_what_grew(tmp_path: pathlib.Path, s3_server: An
         sync.sync()
         mirror.sync()
         assert local.read_text() == (run_dir / "training.jsonl").read_text()
-        assert not (mirror.local / "run-a" / "cluster_info.json").exists()
+        assert not (mirror.local / "runs" / "run-a" / "cluster_info.json").exists()
     finally:
         mirror.close()
     assert not mirror.local.exists()
@@ -200,7 +200,7 @@ def test_the_mirror_follows_and_an_outage_is_one_line(
     s3.put_object(Bucket=bucket, Key="p/runs/r/training.jsonl", Body=line)
     mirror = remote.Mirror(f"s3://{bucket}/p")
     mirror.first_sync()
-    local = mirror.local / "r" / "training.jsonl"
+    local = mirror.local / "runs" / "r" / "training.jsonl"
 
     def until(check: Any) -> None:
         deadline = time.monotonic() + 15

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect
-from determined_launch.core.storage import check_storage, parse_storage
+from determined_launch.core.storage import check_storage, open_storage, parse_storage
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
 from determined_launch.experiment import searchers as se
@@ -25,6 +25,7 @@ from determined_launch.experiment.command import (
     unused_fields,
 )
 from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
+from determined_launch.experiment.sync import ExperimentSync
 from determined_launch.experiment.trial import private_dir, write_private
 from determined_launch.launcher import LauncherOptions, detection_env
 from determined_launch.values import plain
@@ -42,6 +43,20 @@ def _checkpoint_storage(conf: expconf.ExperimentConfig, exp_dir: pathlib.Path) -
     path = exp_dir / "checkpoint_storage.yaml"
     write_private(path, json.dumps(raw, indent=1) + "\n")  # JSON is YAML
     return str(path)
+
+
+def _experiment_sync(conf: expconf.ExperimentConfig, exp_dir: pathlib.Path,
+                     study_url: Optional[str]) -> Optional[ExperimentSync]:
+    """With object-storage checkpoints, the experiment's page goes there too
+    (experiment/sync.py), so ``det-launch ui s3://...`` shows it."""
+    if conf.checkpoint_storage is None:
+        return None
+    spec = parse_storage(conf.checkpoint_storage, where=str(conf.path))
+    if spec.is_directory:
+        return None
+    journal = None if study_url and "://" in study_url else pathlib.Path(
+        study_url or exp_dir / "study.journal")
+    return ExperimentSync(exp_dir, journal, open_storage(spec).put_extra)
 
 
 class _Live:
@@ -116,11 +131,19 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better, exp_dir)
     for var in trial_identity_env():
         os.environ.pop(var, None)  # each trial's identity comes from its cluster info file
+    sync = _experiment_sync(conf, exp_dir, opts["study_storage"])
+
+    def event(text: str) -> None:
+        live.event(text)
+        if sync is not None:  # every state change is an event line
+            sync.running(_trial_dirs(driver))
+            sync.changed()
+
     setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
                         info=info, flags=trial_flags(ns), command=sub, args=args,
                         concurrency=concurrency,
                         checkpoint_storage=_checkpoint_storage(conf, exp_dir),
-                        on_event=live.event, signals=tuple(resolved["preempt_signals"]))
+                        on_event=event, signals=tuple(resolved["preempt_signals"]))
     driver = Driver(setup)
     live.driver = driver
     watch = resolved["preempt_file"]
@@ -128,11 +151,23 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     def tick() -> None:
         _watch_preempt(driver, watch)
         live.tick()
+        if sync is not None:
+            sync.running(_trial_dirs(driver))
 
-    status = driver.run(tick=tick)
+    if sync is not None:
+        sync.start()
+    try:
+        status = driver.run(tick=tick)
+    finally:
+        if sync is not None:
+            sync.close()
     live.tick(force=True)  # the final states
     _final(driver._trials(), exp_dir, conf, ns.worker)
     return status
+
+
+def _trial_dirs(driver: Driver) -> list[tuple[int, pathlib.Path]]:
+    return [(proc.spec.trial_id, proc.dir) for _, proc in driver.running.values()]
 
 
 def _watch_preempt(driver: Driver, path: Optional[str]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from determined_launch.ui import files, shape
 from determined_launch.ui.catalog import Catalog
-from determined_launch.ui.runs import RunReader
+from determined_launch.ui.runs import RemoteCheckpoints, RunReader, Storages
 from determined_launch.ui.study import Studies, StudyError
 from determined_launch.ui.trial_rows import TrialEntry, TrialRows
 
@@ -25,8 +25,11 @@ FINISHED = ("completed", "stopped (ASHA)", "failed", "invalid hparams")
 
 
 class Api:
-    def __init__(self, paths: Sequence[str], study_storage: Optional[str] = None) -> None:
+    def __init__(self, paths: Sequence[str], study_storage: Optional[str] = None,
+                 remotes: Sequence[tuple[str, RemoteCheckpoints]] = ()) -> None:
+        """``remotes``: (local mirror, its object storage) of object-storage PATHs."""
         self.catalog = Catalog(paths)
+        self.remotes = [(os.path.abspath(local), storage) for local, storage in remotes]
         self.roots = self.catalog.roots
         self.runs_reader = RunReader(self.roots)
         self.studies = Studies(study_storage)
@@ -163,9 +166,16 @@ class Api:
             out.update(exit_status=None, outcome=None)
         return shape.finite(out)
 
-    def experiment_storage(self, name: str) -> list[str]:
+    def experiment_storage(self, name: str) -> Storages:
         exp_dir = self.catalog.experiments().get(name)
-        return [os.path.join(exp_dir, "checkpoints")] if exp_dir else []
+        return self._storages(exp_dir, os.path.join(exp_dir, "checkpoints")) if exp_dir else []
+
+    def _storages(self, path: str, local: str) -> Storages:
+        """A mirrored tree's checkpoints are in its object storage, else beside it."""
+        for root, storage in self.remotes:
+            if path.startswith(root + os.sep):
+                return [storage]
+        return [local]
 
     # -- plain runs ----------------------------------------------------------------
 
@@ -188,9 +198,10 @@ class Api:
             return None
         return shape.finite({**self._run_summary(name, path), **self._run_details(path)})
 
-    def run_storage(self, name: str) -> list[str]:
+    def run_storage(self, name: str) -> Storages:
         path = self.run_dir(name)
-        return [os.path.join(os.path.dirname(path), "checkpoints")] if path else []
+        return self._storages(path, os.path.join(os.path.dirname(path), "checkpoints")) \
+            if path else []
 
     def _run_details(self, run_dir: str) -> dict[str, Any]:
         r = self.runs_reader

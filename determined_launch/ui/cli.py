@@ -111,7 +111,9 @@ def _serve(ns: Any, mirrors: list[Mirror]) -> int:
         host = str(opts["host"])
         token = None if is_loopback(host) else secrets.token_urlsafe(24)
         try:
-            server = serve(Api(paths, opts["study_storage"]), host, int(opts["port"]), token,
+            remotes = [(str(m.local), m) for m in mirrors]
+            server = serve(Api(paths, opts["study_storage"], remotes), host, int(opts["port"]),
+                           token,
                            lambda url: print(f"det-launch ui: serving {url}", flush=True))
         except OSError as e:
             raise LaunchError(f"cannot listen on {host}:{opts['port']}: "

@@ -1,34 +1,63 @@
-"""Object-storage PATHs (``s3://bucket/prefix``): the runs' records that the
-chief synced there (core/_record_sync.py: ``<storage>/runs/<run name>/``),
-mirrored into a private local directory which is then served like any other.
+"""Object-storage PATHs (``s3://bucket/prefix``): what runs and experiments
+synced there, mirrored into a private local directory which is then served
+like any other.
 
-Every ``PERIOD`` seconds one listing (a paginated request per 1,000 objects)
-finds what changed; a grown stream is fetched from where the mirror's copy
-ends (one ranged GET, checked against the copy's last bytes, so its rows are
-parsed once, as for a local file); anything else is fetched whole and
-replaced atomically. Only record files are mirrored (``*.jsonl`` and the
-pointer files), never checkpoints. Credentials come from the storage
-library's usual places (environment, config files, instance roles) and are
-never printed: errors are one line naming the PATH's printable URL.
+A storage root is mirrored as ``runs/<run>/`` (each run's records and output,
+core/_record_sync.py) and ``experiments/<dir>/`` (an experiment's record and
+journal study, experiment/sync.py), with the runs of an experiment's trials
+(``runs/<dir>.trial-<id>/``) placed in ``experiments/<dir>/trials/<id>/``, as
+``det-launch experiment`` lays them out locally; a PATH may also be ``runs/``
+or one run's prefix. An experiment appears once its ``experiment.json`` (the
+last file its driver uploads first) is there.
+
+Every ``PERIOD`` seconds one listing of ``runs/`` and one of ``experiments/``
+(a paginated request per 1,000 objects; the checkpoints are never listed)
+find what changed; a grown stream (``*.jsonl``, ``output.log``, the journal)
+is fetched from where the mirror's copy ends (one ranged GET, checked against
+the copy's last bytes, so its rows are parsed once, as for a local file);
+anything else is fetched whole and replaced atomically. A checkpoint's size
+and metadata are read from the storage when a page asks (two requests, once
+for a committed one). Credentials come from the storage library's usual
+places (environment, config files, instance roles) and are never printed:
+errors are one line naming the PATH's printable URL.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
 import threading
-from typing import Any
+import time
+from typing import Any, Optional
 
 from determined_launch.core._record_sync import STORAGE_DIR, is_record
 from determined_launch.errors import LaunchError
+from determined_launch.experiment.sync import JOURNAL, LOG, RECORD
+from determined_launch.experiment.sync import STORAGE_DIR as EXPERIMENTS_DIR
 
 #: seconds between listings: each costs requests (and money) on a cloud store
 PERIOD = 5.0
 #: bytes of the mirror's copy compared with the object before appending to it
 OVERLAP = 1024
+#: a trial's run in storage (core/_record_sync.storage_run_name)
+TRIAL_RUN = re.compile(r"^(.+)\.trial-(\d+)$")
+METADATA = "metadata.json"
+#: seconds a committed checkpoint's size and metadata are reused
+CHECKPOINT_TTL = 60.0
+
+
+def _is_stream(name: str) -> bool:
+    """Files that only grow: fetched from where the copy ends."""
+    return name.endswith(".jsonl") or name in (LOG, JOURNAL)
+
+
+def _is_run_file(name: str) -> bool:
+    return is_record(name) or name == LOG
 
 
 class Mirror:
@@ -46,22 +75,31 @@ class Mirror:
         storage = ObjectStorage(spec)
         storage.probe()
         self.url, self.fs, self.base = spec.url, storage.fs, storage.base
+        self._protocol = spec.protocol
         self._tmp = tempfile.mkdtemp(prefix="det-ui-")  # 0700: nobody else reads the copy
         self.local = pathlib.Path(self._tmp) / (self.base.rsplit("/", 1)[-1] or "storage")
         self.local.mkdir()
+        self.mode = "root"  # or "runs" (PATH is runs/) or "run" (one run's prefix)
+        self.root = self.base  # the storage root: where the checkpoints are
         self._seen: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
+        self._placed: dict[str, str] = {}  # a run in storage -> its local directory
+        self._checkpoints: dict[str, tuple[float, dict[str, Any]]] = {}
         self._error = ""
         self._stop = threading.Event()
 
     def first_sync(self) -> None:
-        """The storage root (its ``runs/``, which may appear later: the
-        checkpoints are never listed), ``runs/`` itself or one run's prefix."""
+        """The storage root (its ``runs/`` and ``experiments/``, which may
+        appear later: the checkpoints are never listed), ``runs/`` itself or one
+        run's prefix."""
         try:
             self.fs.invalidate_cache()
-            if not self.base.endswith(f"/{STORAGE_DIR}") and not any(
-                    is_record(p.rstrip("/").rsplit("/", 1)[-1]) for p in self._children()):
-                self.base = f"{self.base}/{STORAGE_DIR}"
+            if self.base.endswith(f"/{STORAGE_DIR}"):
+                self.mode, self.root = "runs", self.base.rsplit("/", 1)[0]
+            elif any(_is_run_file(p.rstrip("/").rsplit("/", 1)[-1]) for p in self._children()):
+                self.mode, parent = "run", self.base.rsplit("/", 1)[0]
+                self.root = parent.rsplit("/", 1)[0] if parent.endswith(
+                    f"/{STORAGE_DIR}") else parent
             self.sync()
         except Exception as e:  # noqa: BLE001 (the library's errors, whatever their class)
             self.close()
@@ -74,20 +112,61 @@ class Mirror:
         except FileNotFoundError:
             return []
 
-    def sync(self) -> None:
-        self.fs.invalidate_cache()  # the chief writes: never answer from a listing cache
+    def _find(self, prefix: str, depth: Optional[int]
+              ) -> list[tuple[str, list[str], dict[str, Any]]]:
+        """``(path, parts under prefix, info)`` of the files ``depth`` deep (any: None)."""
         try:
-            found = self.fs.find(self.base, detail=True)
+            found = self.fs.find(prefix, detail=True)
         except FileNotFoundError:
-            return
-        for path, info in sorted(found.items()):
-            if info.get("type") == "directory" or not path.startswith(self.base + "/"):
+            return []
+        out = []
+        for path, info in found.items():
+            if info.get("type") == "directory" or not path.startswith(prefix + "/"):
                 continue
-            rel = path[len(self.base) + 1:]
-            parts = rel.split("/")
-            if len(parts) > 2 or not is_record(parts[-1]) or any(
-                    not p or p.startswith(".") for p in parts):
-                continue  # a run's records only: <run>/<file> or <file>
+            parts = path[len(prefix) + 1:].split("/")
+            if depth in (None, len(parts)) and not any(not p or p.startswith(".") for p in parts):
+                out.append((path, parts, info))
+        return out
+
+    def _targets(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(object path, local path under self.local, info)`` of what is mirrored."""
+        if self.mode == "run":
+            return [(p, parts[0], i) for p, parts, i in self._find(self.base, 1)
+                    if _is_run_file(parts[0])]
+        if self.mode == "runs":
+            return [(p, "/".join(parts), i) for p, parts, i in self._find(self.base, 2)
+                    if _is_run_file(parts[1])]
+        out = []
+        experiments = set()
+        # Journal first, record last: an experiment appears with its study.
+        for path, (exp, name), info in sorted(
+                self._find(f"{self.base}/{EXPERIMENTS_DIR}", 2),
+                key=lambda t: (t[1][1] == RECORD, t[0])):
+            if name in (RECORD, JOURNAL):
+                out.append((path, f"{EXPERIMENTS_DIR}/{exp}/{name}", info))
+            if name == RECORD:
+                experiments.add(exp)
+        for path, (run, name), info in self._find(f"{self.base}/{STORAGE_DIR}", 2):
+            if not _is_run_file(name):
+                continue
+            m = TRIAL_RUN.match(run)
+            place = (f"{EXPERIMENTS_DIR}/{m.group(1)}/trials/{int(m.group(2))}"
+                     if m and m.group(1) in experiments else f"{STORAGE_DIR}/{run}")
+            if self._placed.setdefault(run, place) != place:  # its experiment appeared
+                self._forget(self._placed[run])
+                self._placed[run] = place
+            out.append((path, f"{place}/{name}", info))
+        return out
+
+    def _forget(self, rel: str) -> None:
+        shutil.rmtree(self.local / rel, ignore_errors=True)
+        for table in (self._seen, self._sizes):
+            for key in [k for k in table if k.startswith(rel + "/")]:
+                del table[key]
+
+    def sync(self) -> None:
+        self.fs.invalidate_cache()  # the writers write: never answer from a listing cache
+        for path, rel, info in self._targets():
             stamp = tuple(info.get(k) for k in ("size", "ETag", "LastModified", "mtime",
                                                  "created"))
             if self._seen.get(rel) != stamp:
@@ -99,9 +178,9 @@ class Mirror:
 
     def _fetch(self, path: str, rel: str, size: int) -> None:
         local = self.local / rel
-        local.parent.mkdir(exist_ok=True)
+        local.parent.mkdir(parents=True, exist_ok=True)
         have = self._sizes.get(rel, 0)
-        if rel.endswith(".jsonl") and 0 < have <= size and local.exists():
+        if _is_stream(local.name) and 0 < have <= size and local.exists():
             # Streams only grow: fetch the new bytes if the object still starts as the copy.
             overlap = min(have, OVERLAP)
             data = self.fs.cat_file(path, start=have - overlap, end=size)
@@ -122,6 +201,30 @@ class Mirror:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         self._sizes[rel] = local.stat().st_size
+
+    def checkpoint(self, uuid: str) -> dict[str, Any]:
+        """A checkpoint in the storage, as ``RunReader`` lists one: its size, the
+        storage's URL, whether it is committed (``metadata.json``, then read).
+        Read again after ``CHECKPOINT_TTL`` seconds (deleted by hand?), or
+        ``PERIOD`` while not committed."""
+        hit = self._checkpoints.get(uuid)
+        if hit is not None and time.monotonic() - hit[0] < (
+                CHECKPOINT_TTL if hit[1]["found"] else PERIOD):
+            return hit[1]
+        storage = f"{self._protocol}://{self.root}"
+        where = f"{self.root}/{uuid}"
+        try:
+            found = self._find(where, None)
+            sizes = {"/".join(parts): int(info.get("size") or 0) for _, parts, info in found}
+            meta = json.loads(self.fs.cat_file(f"{where}/{METADATA}")) \
+                if METADATA in sizes else None
+        except Exception:  # noqa: BLE001 (storage down: unknown, never "deleted")
+            return {"size": None, "storage": None, "found": False, "metadata": None}
+        entry = {"size": sum(sizes.values()) if sizes else None, "storage": storage,
+                 "found": meta is not None,
+                 "metadata": meta if isinstance(meta, dict) else None}
+        self._checkpoints[uuid] = (time.monotonic(), entry)
+        return entry
 
     def follow(self) -> None:
         """Sync every ``PERIOD`` seconds until closed (a background thread)."""
