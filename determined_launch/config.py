@@ -83,6 +83,10 @@ OPTIONS: tuple[Option, ...] = (
            "DistributedContext transport"),
     Option("alert_webhook", envvars.ALERT_WEBHOOK, None, values.http_url, None,
            "core_context.alert() also POSTs each alert to this URL"),
+    # Read by the chief's core.init (core/trackers/); the launcher hands the flag to workers.
+    Option("report_to", envvars.REPORT_TO, "--report-to", values.trackers, (),
+           "also report metrics to these experiment trackers: mlflow,wandb,tensorboard",
+           metavar="TOOLS"),
 )
 
 

@@ -28,6 +28,7 @@ DIST_TRANSPORT = "DET_DIST_TRANSPORT"  # "direct" (default) or "zmq"
 RUN_DIR = "DET_RUN_DIR"  # run directory for metrics (default ./det_runs/trial-<id>)
 CHECKPOINT_STORAGE = "DET_CHECKPOINT_STORAGE"  # checkpoint storage: directory, URL or block file
 ALERT_WEBHOOK = "DET_ALERT_WEBHOOK"  # core_context.alert() also POSTs here (http/https URL)
+REPORT_TO = "DET_REPORT_TO"  # experiment trackers the chief reports to: mlflow,wandb,tensorboard
 SEARCHER_METRIC = "DET_SEARCHER_METRIC"  # the metric retention keeps the best by (the searcher's)
 SMALLER_IS_BETTER = "DET_SMALLER_IS_BETTER"  # true/false for that metric
 SEARCHER_UNIT = "DET_SEARCHER_UNIT"  # BATCHES/RECORDS/EPOCHS: get_configured_units()

@@ -37,6 +37,7 @@ from determined_launch.cluster.local_trial import (
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.compat import worker_pythonpath
 from determined_launch.core.storage import check_storage, commit_check, configured_storage
+from determined_launch.core.trackers import check_trackers
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
 
@@ -77,6 +78,8 @@ class LauncherOptions:
     determined_compat: bool = True
     #: ``--hparams``, ``--config``, ``--fresh``: the local trial and resuming it.
     local_trial: LocalTrialOptions = LocalTrialOptions()
+    #: ``--report-to``: the trackers the chief's ``core.init`` reports to (core/trackers/).
+    report_to: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -100,6 +103,7 @@ class LauncherOptions:
             determined_compat=not v["no_determined_compat"],
             local_trial=LocalTrialOptions(
                 hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
+            report_to=v["report_to"],
             **extra,
         )
 
@@ -280,6 +284,9 @@ def run(
     check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
     # --config's searcher metric and unit, as det-launch experiment hands them to trials
     extra_env = searcher_env(options.local_trial, env)
+    if options.report_to:  # a missing package is one line here, before any worker starts
+        check_trackers(options.report_to)
+        extra_env[envvars.REPORT_TO] = ",".join(options.report_to)
     runtime = make_runtime(info, env, options.determined_compat)
     try:
         plan = build(info, runtime, args)

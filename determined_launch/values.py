@@ -75,6 +75,20 @@ def signals(raw: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+#: Experiment trackers ``--report-to`` names (core/trackers/).
+TRACKERS = ("mlflow", "wandb", "tensorboard")
+
+
+def trackers(raw: str) -> tuple[str, ...]:
+    """``"mlflow,wandb"`` into tracker names, each once, in the given order."""
+    out: list[str] = []
+    for item in raw.split(","):
+        name = item.strip().lower()
+        if name and name not in out:
+            out.append(choice(name, TRACKERS))
+    return tuple(out)
+
+
 def choice(raw: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")

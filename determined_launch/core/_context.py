@@ -31,6 +31,8 @@ from determined_launch.core.storage import (
     parse_storage,
 )
 from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
+from determined_launch.core.trackers import Trackers, final_state, identity
+from determined_launch.core.trackers import from_env as trackers_from_env
 from determined_launch.core.train import TrainContext
 from determined_launch.errors import LaunchError
 
@@ -68,6 +70,7 @@ class Context:
         profiler: Optional[ProfilerContext] = None,
         experimental: Optional[ExperimentalCoreContext] = None,
         tensorboard: Optional[TensorboardManager] = None,
+        trackers: Optional[Trackers] = None,
     ) -> None:
         self.distributed = distributed
         self.preempt = preempt
@@ -79,6 +82,8 @@ class Context:
         self.profiler = profiler or DummyProfilerContext()
         self.experimental = experimental or DummyExperimentalCoreContext()
         self._tensorboard = tensorboard
+        self._trackers = trackers
+        self._final_state = "completed"
 
     def start(self) -> None:
         self.preempt.start()
@@ -88,6 +93,7 @@ class Context:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, _tb: Any) -> None:
+        self._final_state = final_state(exc, getattr(self.preempt, "_decided", False))
         self.close()
         if exc_type is None:
             note_finished(self.distributed.rank)
@@ -100,6 +106,8 @@ class Context:
         self.profiler._close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._trackers is not None:
+            self._trackers.close(self._final_state)
         self.preempt.close()
         self.distributed.close()
 
@@ -206,19 +214,26 @@ def init(
     if max_length is None and info.trial is not None:
         max_length = info.trial.max_length
 
-    train = TrainContext(distributed, rundir, storage.tensorboard)
+    trackers = None if distributed.rank != 0 else trackers_from_env(
+        os.environ, identity(rundir_path, trial_id, rundir.hparams),
+        resuming=info.latest_checkpoint is not None)
+    train = TrainContext(distributed, rundir, storage.tensorboard, trackers)
+    after_commit = storage.after_commit
+    if trackers is not None:
+        after_commit = trackers.after_commit(after_commit, spec.url)
     context = Context(
         distributed=distributed,
         preempt=PreemptContext.from_env(distributed, preempt_mode, sync_period=preempt_sync_period),
         train=train,
         checkpoint=CheckpointContext(distributed, storage.backend, rundir,
-                                     after_commit=storage.after_commit),
+                                     after_commit=after_commit),
         searcher=SearcherContext(distributed, rundir, train, max_length),
         info=info,
         run_dir=rundir_path,
         profiler=ProfilerContext(distributed, rundir),
         experimental=ExperimentalCoreContext(rundir),
         tensorboard=storage.tensorboard,
+        trackers=trackers,
     )
     if distributed.rank == 0:
         logger.info("core.init: run directory %s, checkpoint storage %s", rundir_path, spec.url)

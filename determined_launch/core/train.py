@@ -12,6 +12,7 @@ from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
 from determined_launch.core._train_local import LocalTrainCalls
 from determined_launch.core.tensorboard import TensorboardManager, TensorboardMode
+from determined_launch.core.trackers import Trackers
 from determined_launch.values import plain_metrics
 
 logger = logging.getLogger("determined_launch.core")
@@ -30,10 +31,13 @@ class TrainContext(LocalTrainCalls):
     """
 
     def __init__(self, dist: Collectives, run_dir: RunDir,
-                 tensorboard: Optional[TensorboardManager] = None) -> None:
+                 tensorboard: Optional[TensorboardManager] = None,
+                 trackers: Optional[Trackers] = None) -> None:
         self._dist = dist
         self._run_dir = run_dir
         self._tensorboard = tensorboard
+        #: the chief's MLflow / W&B sinks (``--report-to``; core/trackers/)
+        self._trackers = trackers
 
     def get_tensorboard_path(self) -> pathlib.Path:
         """This rank's TensorBoard directory (synced to checkpoint storage)."""
@@ -105,3 +109,5 @@ class TrainContext(LocalTrainCalls):
         self._run_dir.append(group, record)
         if self._tensorboard is not None:
             self._tensorboard.on_report(group, steps_completed, metrics)
+        if self._trackers is not None:
+            self._trackers.report(group, steps_completed, metrics)

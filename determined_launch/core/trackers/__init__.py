@@ -1,0 +1,223 @@
+"""Experiment trackers: what the chief reports, also sent to MLflow and W&B.
+
+``--report-to mlflow,wandb`` (``DET_REPORT_TO``) makes the chief's
+``core.init`` open one ``Sink`` per tool (``_sink.py``): each report is an
+append to a bounded queue on the training thread, and a background thread
+delivers it, so a tracker never stops or slows training (docs/trackers.md).
+
+One tracker run per trial for the trial's whole life: the run ids live in
+``<run_dir>/trackers.json`` with the highest step each group delivered, and
+a run that resumes from a checkpoint continues the same tracker run and
+skips the steps an earlier life already delivered. A run that starts from
+scratch (no checkpoint to resume) starts a new tracker run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
+
+from determined_launch import envvars, values
+from determined_launch.core._rundir import write_atomically
+from determined_launch.core.trackers._sink import Backend, Sink
+from determined_launch.errors import LaunchError
+
+logger = logging.getLogger("determined_launch.core")
+
+__all__ = ["STATES", "RunIdentity", "Trackers", "check_trackers", "final_state", "from_env",
+           "identity", "open_trackers"]
+
+#: The run directory's record of this run's tracker runs.
+STATE_FILE = "trackers.json"
+#: Seconds ``close`` waits for all trackers to deliver what is queued.
+FLUSH_SECONDS = 15.0
+#: tool -> (module it needs, the extra that installs it)
+PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+#: A trial's final states, as the trackers' run status shows them.
+STATES = ("completed", "preempted", "invalid", "errored")
+
+
+def _missing(names: Sequence[str]) -> list[str]:
+    out = []
+    for name in names:
+        module, extra = PACKAGES.get(name, (None, None))
+        if module is not None and importlib.util.find_spec(module) is None:
+            out.append(f"--report-to {name} needs the {module} package: "
+                       f"pip install 'determined_launch[{extra}]'")
+    return out
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """The launcher's early check: a missing package is one line (exit status 2)."""
+    missing = _missing(names)
+    if missing:
+        raise LaunchError("; ".join(missing))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunIdentity:
+    """What a tracker run is named and tagged with."""
+
+    experiment: Optional[str]
+    run_name: str
+    trial_id: Optional[int]
+    hparams: Mapping[str, Any]
+    run_dir: pathlib.Path
+
+    def tags(self) -> dict[str, str]:
+        out = {"det.run_dir": str(self.run_dir)}
+        if self.trial_id is not None:
+            out["det.trial_id"] = str(self.trial_id)
+        if self.experiment is not None:
+            out["det.experiment"] = self.experiment
+        return out
+
+
+def identity(run_dir: pathlib.Path, trial_id: Optional[int],
+             hparams: Optional[Mapping[str, Any]]) -> RunIdentity:
+    """A ``det-launch experiment`` trial (``<exp_dir>/trials/<id>``, beside the
+    experiment's ``experiment.json``) is ``<experiment>/trial-<id>`` in the
+    experiment's name; any other run is its run directory's name."""
+    experiment: Optional[str] = None
+    if run_dir.parent.name == "trials":
+        try:
+            record = json.loads((run_dir.parent.parent / "experiment.json").read_text("utf-8"))
+            experiment = str(record["name"]) if isinstance(record, dict) else None
+        except (OSError, ValueError, KeyError):
+            experiment = run_dir.parent.parent.name
+    name = f"{experiment}/trial-{trial_id}" if experiment is not None else run_dir.name
+    return RunIdentity(experiment, name, trial_id, dict(hparams or {}), run_dir)
+
+
+class _State:
+    """``trackers.json``: ``{tool: {"run_id": ..., "seen": {group: step}}}``,
+    rewritten atomically by the sinks' threads (never the training thread)."""
+
+    def __init__(self, path: pathlib.Path, resuming: bool) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.data: dict[str, Any] = {}
+        if resuming:
+            try:
+                loaded = json.loads(path.read_text("utf-8"))
+                self.data = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self.data = {}
+
+    def entry(self, name: str) -> tuple[Optional[str], dict[str, int]]:
+        entry = self.data.get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("run_id"), str):
+            return None, {}
+        seen = entry.get("seen")
+        return entry["run_id"], dict(seen) if isinstance(seen, dict) else {}
+
+    def started(self, name: str, run_id: str) -> None:
+        with self._lock:
+            old = self.data.get(name)
+            seen = old.get("seen", {}) if isinstance(old, dict) and old.get("run_id") == run_id \
+                else {}
+            self.data[name] = {"run_id": run_id, "seen": seen}
+            self._write()
+
+    def delivered(self, name: str, seen: Mapping[str, int]) -> None:
+        with self._lock:
+            self.data.setdefault(name, {})["seen"] = dict(seen)
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, json.dumps(self.data, sort_keys=True) + "\n")
+        except OSError as e:
+            logger.warning("trackers: could not record run ids in %s: %s", self.path, e)
+
+
+class Trackers:
+    """The chief's trackers; every method is cheap on the calling thread."""
+
+    def __init__(self, sinks: Sequence[Sink], flush_seconds: float = FLUSH_SECONDS) -> None:
+        self._sinks = tuple(sinks)
+        self._flush_seconds = flush_seconds
+        self._closed = False
+
+    def report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        item = ("metrics", group, int(steps_completed), dict(metrics))
+        for sink in self._sinks:
+            sink.put(item)
+
+    def checkpoint(self, storage_id: str, storage_url: str) -> None:
+        item = ("tags", {"det.checkpoint": storage_id,
+                         "det.checkpoint_url": f"{storage_url.rstrip('/')}/{storage_id}"})
+        for sink in self._sinks:
+            sink.put(item)
+
+    def after_commit(self, inner: Callable[[str, Mapping[str, Any]], None],
+                     storage_url: str) -> Callable[[str, Mapping[str, Any]], None]:
+        """``inner`` (the run's checkpoint log and retention), and the commit as tags."""
+        def after_commit(storage_id: str, metadata: Mapping[str, Any]) -> None:
+            self.checkpoint(storage_id, storage_url)
+            inner(storage_id, metadata)
+
+        return after_commit
+
+    def close(self, state: str) -> None:
+        """End every tracker run with ``state`` (one of ``STATES``), within the flush bound."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self._flush_seconds
+        for sink in self._sinks:
+            sink.close(state, deadline)
+
+
+def _backend(name: str, who: RunIdentity) -> Backend:
+    if name == "mlflow":
+        from determined_launch.core.trackers._mlflow import MlflowBackend
+
+        return MlflowBackend(who)
+    from determined_launch.core.trackers._wandb import WandbBackend
+
+    return WandbBackend(who)
+
+
+def final_state(exc: Optional[BaseException], preempted: bool) -> str:
+    """How a ``core.Context`` block ended, as one of ``STATES``."""
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        return "preempted" if preempted else "completed"
+    return "invalid" if type(exc).__name__ == "InvalidHP" else "errored"
+
+
+def from_env(env: Mapping[str, str], who: RunIdentity, *,
+             resuming: bool) -> Optional[Trackers]:
+    """``DET_REPORT_TO``'s trackers (``--report-to`` sets it for the workers)."""
+    raw = env.get(envvars.REPORT_TO, "").strip()
+    try:
+        names = values.trackers(raw) if raw else ()
+    except ValueError as e:
+        raise LaunchError(f"environment variable {envvars.REPORT_TO}: {e}") from None
+    return open_trackers(names, who, resuming=resuming) if names else None
+
+
+def open_trackers(names: Sequence[str], who: RunIdentity, *, resuming: bool,
+                  flush_seconds: float = FLUSH_SECONDS) -> Optional[Trackers]:
+    """The chief's trackers for ``names`` (``values.trackers``), or ``None`` when
+    none is on. A missing package is one warning line and that tool is skipped:
+    the launcher already refused it, so this is a bare process's mistake."""
+    for line in _missing(names):
+        logger.warning("%s; reporting without it", line)
+    usable = [n for n in names if n in PACKAGES and not _missing([n])]
+    if not usable:
+        return None
+    state = _State(who.run_dir / STATE_FILE, resuming)
+    sinks = []
+    for name in usable:
+        resume_id, seen = state.entry(name)
+        sinks.append(Sink(_backend(name, who), resume_id, seen, state))
+    return Trackers(sinks, flush_seconds)

@@ -1,0 +1,96 @@
+"""MLflow: experiment -> MLflow experiment, trial -> run, ``<group>/<metric>`` at
+``step = steps_completed``, hyperparameters -> params, final state -> status.
+
+Settings are MLflow's own (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``,
+credentials); runs on the sink's thread only (``_sink.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional
+
+from determined_launch.core.trackers import RunIdentity
+
+#: MLflow's limits per ``log_batch`` call.
+_MAX_METRICS = 1000
+_MAX_PARAMS = 100
+_MAX_PARAM_CHARS = 6000
+#: the trial's final state -> MLflow's run status
+STATUS = {"completed": "FINISHED", "invalid": "FINISHED", "preempted": "KILLED",
+          "errored": "FAILED"}
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested hyperparameters as ``a.b`` keys, values as text (MLflow params are strings)."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = str(value)[:_MAX_PARAM_CHARS]
+    return out
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+class MlflowBackend:
+    name = "mlflow"
+
+    def __init__(self, who: RunIdentity) -> None:
+        self._who = who
+        self._client: Any = None
+        self._run_id = ""
+
+    def start(self, resume_id: Optional[str]) -> str:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self._client = client = MlflowClient()
+        if resume_id is not None:
+            client.update_run(resume_id, status="RUNNING")
+            self._run_id = resume_id
+            return resume_id
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or self._who.experiment or "Default"
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            try:
+                experiment_id = client.create_experiment(name)
+            except Exception:  # another trial created it first
+                experiment = client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        run = client.create_run(experiment_id, run_name=self._who.run_name,
+                                tags=self._who.tags())
+        self._run_id = run.info.run_id
+        params = [Param(k, v) for k, v in flatten(self._who.hparams).items()]
+        for chunk in _chunks(params, _MAX_PARAMS):
+            client.log_batch(self._run_id, params=chunk)
+        return self._run_id
+
+    def log(self, records: list[tuple[str, int, dict[str, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(f"{group}/{key}", value, now, step)
+                   for group, step, values in records for key, value in values.items()]
+        for chunk in _chunks(metrics, _MAX_METRICS):
+            self._client.log_batch(self._run_id, metrics=chunk)
+
+    def tag(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self._run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def finish(self, state: str) -> None:
+        self._client.set_tag(self._run_id, "det.state", state)
+        self._client.set_terminated(self._run_id, status=STATUS.get(state, "FINISHED"))
