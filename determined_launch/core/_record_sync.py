@@ -6,7 +6,8 @@ record files (every ``*.jsonl`` stream and the pointer files ``status.json``,
 ``early_exit.json``, ``run_metadata.json``, ``latest_checkpoint.json``) to
 ``<storage>/runs/<run name>/``, beside ``<storage>/tensorboard/<run name>/``.
 Not copied: checkpoints (already there), ``cluster_info.json`` (it may hold the
-job secret), logs (the launcher writes them, not the worker).
+job secret), logs (the launcher writes them, not the worker; an experiment's
+driver copies its trials' ``output.log``: experiment/sync.py).
 
 When: after a record is written, at most once a second (longer when an upload
 takes longer: at most a fifth of the time is spent uploading), in a background
