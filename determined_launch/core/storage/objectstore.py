@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from determined_launch.core._rundir import dumps
-from determined_launch.core.storage import transfer
+from determined_launch.core.storage import multipart, transfer
 from determined_launch.core.storage.base import (
     METADATA_FILE,
     RESERVED_NAMES,
@@ -35,10 +35,13 @@ from determined_launch.core.storage.base import (
 from determined_launch.core.storage.spec import StorageConfigError, StorageSpec
 
 #: S3: files up to this size go in one request, read whole (many files
-#: already run in parallel); larger ones stream in parts of S3_UPLOAD_PART, ten
-#: in flight. So an upload holds at most about DET_STORAGE_PARALLEL x 80 MiB.
+#: already run in parallel); larger ones stream in parts of S3_UPLOAD_PART
+#: (multipart.py), S3_PARTS_IN_FLIGHT at once across the whole upload, as
+#: boto3's transfer manager does. So an upload holds at most about
+#: DET_STORAGE_PARALLEL x 16 MiB + 80 MiB in memory.
 S3_SINGLE_PUT_MAX = 16 << 20
 S3_UPLOAD_PART = 8 << 20
+S3_PARTS_IN_FLIGHT = 10
 
 
 def make_filesystem(spec: StorageSpec) -> Any:
@@ -133,15 +136,21 @@ class ObjectStorage:
 
     def put(self, storage_id: str, src: pathlib.Path, files: Mapping[str, int]) -> None:
         # Async filesystems get coroutine factories (_put_file), others plain calls.
-        put = self.fs._put_file if getattr(self.fs, "async_impl", False) else self.fs.put_file
+        is_async = getattr(self.fs, "async_impl", False)
+        put = self.fs._put_file if is_async else self.fs.put_file
+        window = multipart.Window(S3_PARTS_IN_FLIGHT)  # shared by all large files
 
         def task(rel: str, size: int) -> Any:
-            # s3fs sends 50 MiB parts by default; 8 MiB parts (boto3's size) keep
-            # ten in flight for a 100 MB file, not two. Small files: one request.
-            kw: dict[str, Any] = {}
-            if self.spec.protocol == "s3":
-                kw["chunksize"] = S3_UPLOAD_PART if size > S3_SINGLE_PUT_MAX else size + 1
-            return lambda: put(str(src / rel), self._path(storage_id, rel), **kw)
+            local, remote = str(src / rel), self._path(storage_id, rel)
+            if self.spec.protocol != "s3":
+                return lambda: put(local, remote)
+            if size > S3_SINGLE_PUT_MAX and is_async:
+                part = multipart.part_size(size, S3_UPLOAD_PART)
+                return lambda: multipart.put_file(self.fs, local, remote, size=size, part=part,
+                                                  window=window, what=f"uploading {rel}")
+            # s3fs sends one request below two chunks
+            chunk = size + 1 if size <= S3_SINGLE_PUT_MAX else S3_UPLOAD_PART
+            return lambda: put(local, remote, chunksize=chunk)
 
         self._transfer([(rel, size, task(rel, size)) for rel, size in sorted(files.items())],
                        "uploading", storage_id)

@@ -41,6 +41,15 @@ class StorageTransferError(RuntimeError):
     """A transfer failed after its retries."""
 
 
+class Exhausted(Exception):
+    """A piece of a file (a multipart part) already failed after its own retries:
+    the file is not retried again. ``cause`` is the last error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _env_int(name: str, default: int, minimum: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -79,6 +88,26 @@ def with_retries(fn: Callable[[], object], what: str, *, tries: Optional[int] = 
             logger.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what,
                            type(e).__name__, _first_line(e), attempt, tries - 1, delay)
             time.sleep(delay)
+
+
+async def retry_async(make: Callable[[], Awaitable[Any]], what: str, *,
+                      tries: Optional[int] = None) -> Any:
+    """``with_retries`` for a coroutine factory: await ``make()``, retrying with
+    backoff; return its result or re-raise the last error."""
+    tries = tries or attempts()
+    for attempt in range(1, tries + 1):
+        try:
+            return await make()
+        except (FileNotFoundError, PermissionError, Exhausted):
+            raise  # will not heal, or already retried piece by piece
+        except Exception as e:
+            if attempt == tries:
+                raise
+            delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
+            logger.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what,
+                           type(e).__name__, _first_line(e), attempt, tries - 1, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")  # tries >= 1
 
 
 def _first_line(e: BaseException) -> str:
@@ -183,19 +212,7 @@ def run_async(
     async def one(gate: asyncio.Semaphore, name: str, size: int,
                   make: Callable[[], Awaitable[Any]]) -> None:
         async with gate:
-            for attempt in range(1, tries + 1):
-                try:
-                    await make()
-                    break
-                except (FileNotFoundError, PermissionError):
-                    raise
-                except Exception as e:
-                    if attempt == tries:
-                        raise
-                    delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
-                    logger.warning("%s %s failed (%s: %s); retry %d/%d in %.1f s", verb, name,
-                                   type(e).__name__, _first_line(e), attempt, tries - 1, delay)
-                    await asyncio.sleep(delay)
+            await retry_async(make, f"{verb} {name}", tries=tries)
         progress.add(size)
 
     async def everything() -> list[Any]:
@@ -207,6 +224,8 @@ def run_async(
     finally:
         progress.close()
     for (name, _, _), result in zip(tasks, results):
+        if isinstance(result, Exhausted):
+            result = result.cause
         if isinstance(result, BaseException):
             raise StorageTransferError(
                 f"{verb} checkpoint {label} at {url} failed after {tries} attempt(s): "

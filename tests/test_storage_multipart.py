@@ -1,0 +1,111 @@
+"""Large files to S3 (moto's server): a sliding window of parts, each part
+retried on its own, and the checkpoint whole once committed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import time
+from typing import Any
+
+import pytest
+
+from determined_launch.core._context import _single_process
+from determined_launch.core._rundir import RunDir
+from determined_launch.core.checkpoint import CheckpointContext
+from determined_launch.core.storage import objectstore, open_storage, parse_storage, transfer
+from determined_launch.core.storage.multipart import MAX_PARTS, part_size
+from tests.storage_servers import FaultProxy, S3Server
+
+MIB = 1 << 20
+
+
+def _checkpoint(block: dict[str, Any], tmp_path: pathlib.Path) -> tuple[Any, CheckpointContext]:
+    backend = open_storage(parse_storage(block, where="test"))
+    return backend, CheckpointContext(_single_process(), backend,
+                                      RunDir(tmp_path / "run", trial_id=None))
+
+
+def _spy(fs: Any, before: Any) -> list[tuple[str, int, float, float]]:
+    """Wraps the real client call: records (operation, part, start, end)."""
+    real, calls = fs._call_s3, []
+
+    async def call(method: str, *args: Any, **kwargs: Any) -> Any:
+        part = int(kwargs.get("PartNumber") or 0)
+        start = time.monotonic()
+        try:
+            await before(method, part)
+            return await real(method, *args, **kwargs)
+        finally:
+            calls.append((method, part, start, time.monotonic()))
+
+    fs._call_s3 = call
+    return calls
+
+
+def test_parts_slide_through_a_bounded_window(
+    s3_server: S3Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(objectstore, "S3_PARTS_IN_FLIGHT", 2)
+    backend, ctx = _checkpoint(s3_server.block(s3_server.new_bucket()), tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(25 * MIB)  # 4 parts of 8 MiB (the last 1 MiB)
+    (src / "model.pt").write_bytes(data)
+    (src / "small").write_bytes(b"s" * 100)
+
+    async def before(method: str, part: int) -> None:
+        if method == "upload_part" and part == 1:
+            await asyncio.sleep(0.6)  # a slow part must not hold up the others
+
+    calls = _spy(backend.fs, before)
+    sid = ctx.upload(src, {"steps_completed": 1})
+    parts = {p: (start, end) for m, p, start, end in calls if m == "upload_part"}
+    assert sorted(parts) == [1, 2, 3, 4]
+    most = max(sum(s <= t < e for s, e in parts.values()) for t, _ in parts.values())
+    assert most == 2  # never more than the window in flight
+    assert parts[3][0] < parts[1][1] and parts[4][0] < parts[1][1]  # slid past part 1
+    dst = tmp_path / "dst"
+    ctx.download(sid, dst)
+    assert (dst / "model.pt").read_bytes() == data and (dst / "small").read_bytes() == b"s" * 100
+
+
+def test_a_failing_part_is_retried_alone(
+    s3_server: S3Server, fault_proxy: FaultProxy, tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(objectstore, "S3_PARTS_IN_FLIGHT", 1)  # the 503s hit part 2 only
+    monkeypatch.setattr(transfer, "_BACKOFF_BASE", 0.01)
+    monkeypatch.setenv("DET_STORAGE_RETRIES", "3")
+    block = s3_server.block(s3_server.new_bucket(), endpoint=fault_proxy.endpoint)
+    backend, ctx = _checkpoint(block, tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(17 * MIB)
+    (src / "model.pt").write_bytes(data)
+    failed = []
+
+    async def before(method: str, part: int) -> None:
+        if method == "upload_part" and part == 2 and not failed:
+            failed.append(part)
+            fault_proxy.fail_for(3)  # every HTTP attempt of one client call (botocore, s3fs)
+
+    calls = _spy(backend.fs, before)
+    try:
+        sid = ctx.upload(src, {"steps_completed": 1})
+    finally:
+        fault_proxy.fail_for(0)
+    ops = [(m, p) for m, p, _, _ in calls]
+    # The file was not restarted: one multipart upload, part 1 sent once, part 2 twice.
+    assert ops.count(("create_multipart_upload", 0)) == 1
+    assert ops.count(("upload_part", 1)) == 1 and ops.count(("upload_part", 2)) == 2
+    with backend.restore_path(sid, None) as path:
+        assert (path / "model.pt").read_bytes() == data
+
+
+def test_part_size_keeps_within_the_part_limit() -> None:
+    assert part_size(1 << 30, 8 * MIB) == 8 * MIB
+    big = 200 << 30  # 200 GiB: 8 MiB parts would be 25,600
+    size = part_size(big, 8 * MIB)
+    assert size % MIB == 0 and -(-big // size) <= MAX_PARTS < -(-big // (size - MIB))
