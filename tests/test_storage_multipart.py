@@ -29,7 +29,8 @@ def _checkpoint(block: dict[str, Any], tmp_path: pathlib.Path) -> tuple[Any, Che
 
 def _spy(fs: Any, before: Any) -> list[tuple[str, int, float, float]]:
     """Wraps the real client call: records (operation, part, start, end)."""
-    real, calls = fs._call_s3, []
+    real = fs._call_s3
+    calls: list[tuple[str, int, float, float]] = []
 
     async def call(method: str, *args: Any, **kwargs: Any) -> Any:
         part = int(kwargs.get("PartNumber") or 0)
@@ -84,7 +85,7 @@ def test_a_failing_part_is_retried_alone(
     src.mkdir()
     data = os.urandom(17 * MIB)
     (src / "model.pt").write_bytes(data)
-    failed = []
+    failed: list[int] = []
 
     async def before(method: str, part: int) -> None:
         if method == "upload_part" and part == 2 and not failed:
