@@ -76,7 +76,7 @@ class ExperimentSync:
         self._thread: Optional[threading.Thread] = None
         self._committed = False
         self._warned = False
-        self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="det-exp-sync-"))  # 0700
+        self._tmp: Optional[pathlib.Path] = None  # the copies' private directory
 
     # -- what the driver says --------------------------------------------------------
 
@@ -109,7 +109,14 @@ class ExperimentSync:
         if self._thread is not None:
             self._thread.join(_CLOSE_WAIT)
         self._sync_quietly(journal=True, logs=True, every_log=True)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _scratch(self, name: str) -> pathlib.Path:
+        """Where a copy to upload is made (made on first use: 0700, removed at close)."""
+        if self._tmp is None:
+            self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="det-exp-sync-"))
+        return self._tmp / name
 
     # -- the thread ------------------------------------------------------------------
 
@@ -185,7 +192,7 @@ class ExperimentSync:
         stamp = self._changed(name, path)
         if stamp is None:
             return
-        copy = self._tmp / path.name
+        copy = self._scratch(path.name)
         with open(path, "rb") as src, open(copy, "wb") as dst:
             left = _last_newline(src)
             src.seek(0)
@@ -203,7 +210,7 @@ class ExperimentSync:
         record = json.loads((self.exp_dir / RECORD).read_text(encoding="utf-8"))
         if self.journal is not None:
             record["storage"] = None
-        copy = self._tmp / RECORD
+        copy = self._scratch(RECORD)
         copy.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         self._upload(f"{self.prefix}/{RECORD}", copy)
         sent.append(f"{self.prefix}/{RECORD}")
