@@ -93,15 +93,19 @@ def make_run(root: pathlib.Path, name: str = "local") -> pathlib.Path:
 class Served:
     """``det-launch ui`` as a user starts it: a subprocess on 127.0.0.1, port 0."""
 
-    def __init__(self, *args: str, cwd: Optional[pathlib.Path] = None) -> None:
+    def __init__(self, *args: str, cwd: Optional[pathlib.Path] = None,
+                 token: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "determined_launch.cli", "ui", "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
         assert self.proc.stdout is not None
         self.first_line = self.proc.stdout.readline().rstrip("\n")
-        m = re.fullmatch(r"det-launch ui: serving (http://127\.0\.0\.1:\d+/)", self.first_line)
+        tail = r"\?token=([\w-]+)" if token else ""
+        m = re.fullmatch(rf"det-launch ui: serving (http://127\.0\.0\.1:\d+/){tail}",
+                         self.first_line)
         assert m, (self.first_line, self.proc.stderr.read() if self.proc.stderr else "")
         self.url = m.group(1)
+        self.token = m.group(2) if token else None
 
     def get(self, path: str, headers: Optional[dict[str, str]] = None) -> tuple[int, Any, bytes]:
         req = urllib.request.Request(self.url + path.lstrip("/"), headers=headers or {})
@@ -110,6 +114,15 @@ class Served:
                 return r.status, r.headers, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.headers, e.read()
+
+    def post(self, path: str, headers: Optional[dict[str, str]] = None) -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path.lstrip("/"), data=b"", method="POST",
+                                     headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 (loopback)
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
 
     def json(self, path: str) -> Any:
         status, _, body = self.get(path)

@@ -380,6 +380,43 @@ def test_token_cookie_and_bearer(tree: pathlib.Path) -> None:
         server.server_close()
 
 
+def test_pause_needs_actions_the_token_and_the_csrf_header(tree: pathlib.Path) -> None:
+    """``--actions`` offers one write: pausing a running experiment touches its
+    running trials' preempt files (what the driver watches), nothing else. It
+    needs the token (required on loopback too then), the CSRF header only the
+    API gives, and a same-origin Origin; without ``--actions`` POST is 405."""
+    trial4 = tree / "det_experiments" / NAME / "trials" / "4" / "preempt"
+    pause = f"/api/v1/experiments/{NAME}/pause"
+    plain = Served(cwd=tree)
+    try:
+        assert plain.post(pause)[0] == 405
+        assert plain.json("/api/v1/actions") == {"pause": False, "csrf": None}
+    finally:
+        plain.stop()
+    s = Served("--actions", cwd=tree, token=True)
+    try:
+        assert s.get("/api/v1/actions")[0] == 401  # no token: even on loopback
+        bearer = {"Authorization": f"Bearer {s.token}"}
+        csrf = json.loads(s.get("/api/v1/actions", bearer)[2])["csrf"]
+        assert csrf and csrf != s.token
+        assert s.post(pause, {"X-CSRF-Token": csrf})[0] == 401  # the token, still
+        assert s.post(pause, bearer)[0] == 403  # no CSRF header: a form elsewhere
+        assert s.post(pause, {**bearer, "X-CSRF-Token": "x" * len(csrf)})[0] == 403
+        assert s.post(pause, {**bearer, "X-CSRF-Token": csrf,
+                              "Origin": "http://evil.example"})[0] == 403
+        assert not trial4.exists()
+        ok = {**bearer, "X-CSRF-Token": csrf, "Origin": s.url.rstrip("/")}
+        status, body = s.post(pause, ok)
+        assert status == 200 and body == {"experiment": NAME, "preempted_trials": [4]}
+        assert trial4.exists()  # the running trial only
+        assert not any((tree / "det_experiments" / NAME / "trials" / str(i) / "preempt").exists()
+                       for i in (1, 2, 3))
+        assert s.post("/api/v1/experiments/nope/pause", ok)[0] == 404
+        assert s.post(f"/api/v1/experiments/{NAME}/trials/4", ok)[0] == 404
+    finally:
+        s.stop()
+
+
 def test_loopback_refuses_a_foreign_host_header(served: Served) -> None:
     assert served.get("/api/v1/experiments", {"Host": "evil.example:80"})[0] == 403
 

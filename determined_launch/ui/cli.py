@@ -1,9 +1,10 @@
-"""``det-launch ui [PATH ...] [--host HOST] [--port PORT] [--study-storage URL]``.
+"""``det-launch ui [PATH ...] [--host HOST] [--port PORT] [--study-storage URL] [--actions]``.
 
 Serves Determined's WebUI pages and a read-only JSON API over the experiment
 and run directories under PATH (default ``./det_experiments`` and
 ``./det_runs``). The first line on stdout is exactly
-``det-launch ui: serving http://HOST:PORT/`` (plus ``?token=T`` off loopback),
+``det-launch ui: serving http://HOST:PORT/`` (plus ``?token=T`` off loopback
+or with ``--actions``),
 so scripts can read the address, also of ``--port 0``.
 """
 
@@ -45,6 +46,9 @@ OPTIONS: tuple[Option, ...] = (
            functools.partial(values.integer, minimum=0, maximum=65535), 8080,
            "port to listen on (0: a free one)", metavar="PORT"),
     _study_storage(),
+    Option("actions", "DET_UI_ACTIONS", "--actions", values.boolean, False,
+           "offer \"Pause\" on a running experiment's page (the token is then required on "
+           "loopback too)", switch=True),
 )
 
 
@@ -109,12 +113,14 @@ def _serve(ns: Any, mirrors: list[Mirror]) -> int:
         from determined_launch.ui.server import is_loopback, serve
 
         host = str(opts["host"])
-        token = None if is_loopback(host) else secrets.token_urlsafe(24)
+        actions = bool(opts["actions"])
+        token = None if is_loopback(host) and not actions else secrets.token_urlsafe(24)
         try:
             remotes = [(str(m.local), m) for m in mirrors]
             server = serve(Api(paths, opts["study_storage"], remotes), host, int(opts["port"]),
                            token,
-                           lambda url: print(f"det-launch ui: serving {url}", flush=True))
+                           lambda url: print(f"det-launch ui: serving {url}", flush=True),
+                           actions)
         except OSError as e:
             raise LaunchError(f"cannot listen on {host}:{opts['port']}: "
                               f"{e.strerror or e}") from None

@@ -1,9 +1,12 @@
 """The HTTP side: routes, the token, caching headers; the standard library's
 ``ThreadingHTTPServer`` (a handful of readers, no dependency to ship).
 
-Security (docs/ui.md): only GET and HEAD exist, so nothing changes data. Off
-loopback every request needs the server's random token (``?token=`` once,
-which sets an HttpOnly SameSite cookie, or ``Authorization: Bearer``):
+Security (docs/ui.md): GET and HEAD read; the one POST (pause an
+experiment, ui/actions.py) exists only with ``--actions``, which also makes
+the token required on loopback, and needs the token plus a CSRF header (a
+value only a page of this server can read) and a same-origin ``Origin``.
+Off loopback every request needs the server's random token (``?token=``
+once, which sets an HttpOnly SameSite cookie, or ``Authorization: Bearer``):
 none is 401, a wrong one 403. On loopback the Host header must name
 loopback, so a web page elsewhere cannot reach the server by DNS rebinding.
 Names in URLs are looked up in the catalog, never joined into paths, and
@@ -71,9 +74,13 @@ class UiServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], api: Api, token: Optional[str]) -> None:
+    def __init__(self, address: tuple[str, int], api: Api, token: Optional[str],
+                 actions: bool = False) -> None:
         self.api = api
         self.token = token
+        #: the CSRF header's value: derived from the token, readable only through the API
+        self.csrf = (hmac.new(token.encode(), b"det-ui-csrf", hashlib.sha256).hexdigest()
+                     if actions and token else None)
         #: (run dir, group, max_points, since) -> (the rows object, its JSON)
         self.encoded: dict[tuple[Any, ...], tuple[list[Any], bytes]] = {}
         self.assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
@@ -127,7 +134,39 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.METHOD_NOT_ALLOWED, b'{"error": "read-only"}\n',
                    "application/json", extra={"Allow": "GET, HEAD"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+    def do_POST(self) -> None:  # noqa: N802
+        csrf = self.server.csrf
+        if csrf is None:
+            self._refuse()
+            return
+        length = _int({"n": [self.headers.get("Content-Length") or "0"]}, "n", 0, 1 << 16)
+        self.rfile.read(length or 0)  # an action takes no body; read it to keep the connection
+        raw_path, _, raw_query = self.path.partition("?")
+        status, _ = self._gate(urllib.parse.parse_qs(raw_query))
+        origin = self.headers.get("Origin")
+        given = self.headers.get("X-CSRF-Token") or ""
+        if status is None and (not hmac.compare_digest(given.encode(), csrf.encode()) or (
+                origin is not None and origin != f"http://{self.headers.get('Host')}")):
+            status = HTTPStatus.FORBIDDEN
+        segments = [urllib.parse.unquote(x) for x in raw_path.split("/")[1:]]
+        if status is None and not (len(segments) == 5 and segments[:3] == ["api", "v1",
+                                                                          "experiments"]
+                                   and segments[4] == "pause"):
+            status = HTTPStatus.NOT_FOUND
+        body: Any = None
+        if status is None:
+            from determined_launch.ui.actions import ActionError, pause_experiment
+
+            try:
+                body = pause_experiment(self.server.api, segments[3])
+                status = HTTPStatus.OK if body is not None else HTTPStatus.NOT_FOUND
+            except ActionError as e:
+                status, body = HTTPStatus.CONFLICT, {"error": str(e)}
+        if body is None:
+            body = {"error": HTTPStatus(status).phrase}
+        self._send(status, json.dumps(body).encode(), "application/json")
 
     def _serve(self, head: bool) -> None:
         raw_path, _, raw_query = self.path.partition("?")
@@ -193,6 +232,8 @@ class Handler(BaseHTTPRequestHandler):
             return _json(api.experiments())
         if seg == ["runs"]:
             return _json(api.runs())
+        if seg == ["actions"]:  # what the pages may offer, and the CSRF value for it
+            return _json({"pause": self.server.csrf is not None, "csrf": self.server.csrf})
         if len(seg) >= 2 and seg[0] == "experiments":
             name = seg[1]
             if len(seg) == 2:
@@ -258,9 +299,9 @@ def _json(value: Any) -> tuple[bytes, str, dict[str, str]]:
 
 
 def serve(api: Api, host: str, port: int, token: Optional[str],
-          announce: Callable[[str], None]) -> UiServer:
+          announce: Callable[[str], None], actions: bool = False) -> UiServer:
     """Bind (``OSError`` if the address is taken) and announce the URL."""
-    server = UiServer((host, port), api, token)
+    server = UiServer((host, port), api, token, actions)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_address[1]}/"
     announce(url + (f"?token={token}" if token else ""))

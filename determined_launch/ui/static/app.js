@@ -268,6 +268,16 @@ async function experiment(name) {
     const items = [...picked].map((id) => `exp:${name}:${id}`).join(",");
     location.href = `/compare?items=${enc(items)}`;
   }}, "Compare selected");
+  const acts = (await get(`${API}/actions`)).data;
+  const pause = acts.pause && x.state === "running" ? h("button", {class: "action", onclick: async (ev) => {
+    if (!confirm(`Pause experiment ${x.name}? Its running trials checkpoint and stop; rerun its command to resume.`)) return;
+    ev.target.disabled = true;
+    const r = await fetch(`${base}/pause`, {method: "POST", credentials: "same-origin",
+      headers: {"X-CSRF-Token": acts.csrf}});
+    const said = await r.json();
+    ev.target.replaceWith(h("span", {class: r.ok ? "muted" : "error"}, r.ok
+      ? `pausing: trials ${said.preempted_trials.join(", ")} asked to checkpoint and stop` : said.error));
+  }}, "Pause experiment") : null;
   show(h("h1", {}, `Experiment ${x.name}`),
     h("div", {class: "card"}, h("dl", {class: "kv"},
       ...[["state", state(x.state)], ["searcher", x.searcher], ["metric",
@@ -282,7 +292,7 @@ async function experiment(name) {
         x.smaller_is_better, bestId) : null,
       Object.keys(imp.data.importance || {}).length ? bars(`hyperparameter importance (${imp.data.method})`,
         Object.entries(imp.data.importance)) : null),
-    ...card("Trials", h("div", {class: "toolbar"}, compare),
+    ...card("Trials", h("div", {class: "toolbar"}, compare, pause),
       table(cols, rows, {sortKey: `exp-${name}`, sortCol: 1})));
 }
 
