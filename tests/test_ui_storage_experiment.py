@@ -211,6 +211,9 @@ def test_logs_are_synced_periodically_not_per_line(
     stored, order, upload = _recorder()
     sync = ExperimentSync(exp, None, upload)  # a database study: the record only
     sync.start()
+    deadline = time.monotonic() + 10
+    while not order and time.monotonic() < deadline:  # the first upload, in the background
+        time.sleep(0.01)
     assert order == ["experiments/my-exp/experiment.json"]
     sync.running([(1, exp / "trials" / "1")])
     stop = time.monotonic() + 1.0

@@ -81,8 +81,7 @@ class ExperimentSync:
     # -- what the driver says --------------------------------------------------------
 
     def start(self) -> None:
-        """The first upload (journal, then the record), now; then the thread."""
-        self._sync_quietly(journal=True, logs=False)
+        """The thread: its first upload (the journal, then the record) at once."""
         self._thread = threading.Thread(target=self._follow, daemon=True,
                                         name="det-experiment-sync")
         self._thread.start()
@@ -121,8 +120,8 @@ class ExperimentSync:
     # -- the thread ------------------------------------------------------------------
 
     def _follow(self) -> None:
+        self._sync_quietly(journal=True, logs=False)
         last_journal = last_logs = time.monotonic()
-        gap = _MIN_GAP
         while not self._stop.is_set():
             urgent = self._wake.wait(LOG_PERIOD)
             if self._stop.is_set():
@@ -134,8 +133,7 @@ class ExperimentSync:
             took = self._sync_quietly(journal=journal, logs=logs)
             last_journal = now if journal else last_journal
             last_logs = now if logs else last_logs
-            gap = max(_MIN_GAP, 4 * took)
-            self._stop.wait(gap)  # at most about a fifth of the time uploading
+            self._stop.wait(max(_MIN_GAP, 4 * took))  # at most ~1/5 of the time uploading
 
     def _sync_quietly(self, journal: bool, logs: bool, every_log: bool = False) -> float:
         with self._lock:
