@@ -10,6 +10,7 @@ directory. Runs on the sink's thread only (``_sink.py``).
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -30,7 +31,7 @@ class WandbBackend:
     def start(self, resume_id: Optional[str]) -> str:
         import wandb
 
-        run_id = resume_id or wandb.util.generate_id()  # type: ignore[attr-defined]
+        run_id = resume_id or secrets.token_hex(4)  # W&B's ids: 8 lowercase letters/digits
         directory = os.environ.get("WANDB_DIR") or str(self._who.run_dir)
         os.makedirs(directory, exist_ok=True)
         self._run = run = wandb.init(
