@@ -150,6 +150,16 @@ def test_the_mirror_places_trials_in_their_experiment(
         assert mirror.checkpoint("no-such")["found"] is False
     finally:
         mirror.close()
+    put("runs/ex2.trial-1/training.jsonl", b"{}\n")  # another experiment's trial
+    put("runs/plain/training.jsonl", b"{}\n")
+    one = remote.Mirror(f"s3://{bucket}/p/experiments/ex")  # a PATH may be one experiment
+    try:
+        one.first_sync()
+        files = sorted(str(p.relative_to(one.local)) for p in one.local.rglob("*") if p.is_file())
+        assert files == ["experiment.json", "study.journal", "trials/1/output.log",
+                         "trials/1/training.jsonl"] and one.root == f"{bucket}/p"
+    finally:
+        one.close()
 
 
 def _recorder() -> tuple[dict[str, bytes], list[str], Any]:

@@ -6,9 +6,9 @@ A storage root is mirrored as ``runs/<run>/`` (each run's records and output,
 core/_record_sync.py) and ``experiments/<dir>/`` (an experiment's record and
 journal study, experiment/sync.py), with the runs of an experiment's trials
 (``runs/<dir>.trial-<id>/``) placed in ``experiments/<dir>/trials/<id>/``, as
-``det-launch experiment`` lays them out locally; a PATH may also be ``runs/``
-or one run's prefix. An experiment appears once its ``experiment.json`` (the
-last file its driver uploads first) is there.
+``det-launch experiment`` lays them out locally; a PATH may also be ``runs/``,
+one run's prefix or one experiment's (``experiments/<dir>``). An experiment
+appears once its ``experiment.json`` (uploaded after its study) is there.
 
 Every ``PERIOD`` seconds one listing of ``runs/`` and one of ``experiments/``
 (a paginated request per 1,000 objects; the checkpoints are never listed)
@@ -79,7 +79,9 @@ class Mirror:
         self._tmp = tempfile.mkdtemp(prefix="det-ui-")  # 0700: nobody else reads the copy
         self.local = pathlib.Path(self._tmp) / (self.base.rsplit("/", 1)[-1] or "storage")
         self.local.mkdir()
-        self.mode = "root"  # or "runs" (PATH is runs/) or "run" (one run's prefix)
+        #: "root", "runs" (PATH is runs/), "run" (one run's prefix) or "experiment"
+        self.mode = "root"
+        self._experiment = ""
         self.root = self.base  # the storage root: where the checkpoints are
         self._seen: dict[str, Any] = {}
         self._sizes: dict[str, int] = {}
@@ -90,12 +92,16 @@ class Mirror:
 
     def first_sync(self) -> None:
         """The storage root (its ``runs/`` and ``experiments/``, which may
-        appear later: the checkpoints are never listed), ``runs/`` itself or one
-        run's prefix."""
+        appear later: the checkpoints are never listed), ``runs/`` itself, one
+        run's prefix or one experiment's (``experiments/<dir>``, with its trials)."""
         try:
             self.fs.invalidate_cache()
-            if self.base.endswith(f"/{STORAGE_DIR}"):
-                self.mode, self.root = "runs", self.base.rsplit("/", 1)[0]
+            parent, _, last = self.base.rpartition("/")
+            if last == STORAGE_DIR:
+                self.mode, self.root = "runs", parent
+            elif parent.endswith(f"/{EXPERIMENTS_DIR}"):
+                self.mode, self.root = "experiment", parent.rsplit("/", 1)[0]
+                self._experiment = last
             elif any(_is_run_file(p.rstrip("/").rsplit("/", 1)[-1]) for p in self._children()):
                 self.mode, parent = "run", self.base.rsplit("/", 1)[0]
                 self.root = parent.rsplit("/", 1)[0] if parent.endswith(
@@ -136,27 +142,40 @@ class Mirror:
         if self.mode == "runs":
             return [(p, "/".join(parts), i) for p, parts, i in self._find(self.base, 2)
                     if _is_run_file(parts[1])]
+        if self.mode == "experiment":  # self.local is the experiment's directory
+            exp_files = [(p, (self._experiment, parts[0]), i)
+                         for p, parts, i in self._find(self.base, 1)]
+        else:
+            exp_files = [(p, (parts[0], parts[1]), i)
+                         for p, parts, i in self._find(f"{self.base}/{EXPERIMENTS_DIR}", 2)]
         out = []
         experiments = set()
         # Journal first, record last: an experiment appears with its study.
-        for path, (exp, name), info in sorted(
-                self._find(f"{self.base}/{EXPERIMENTS_DIR}", 2),
-                key=lambda t: (t[1][1] == RECORD, t[0])):
+        for path, (exp, name), info in sorted(exp_files,
+                                              key=lambda t: (t[1][1] == RECORD, t[0])):
             if name in (RECORD, JOURNAL):
-                out.append((path, f"{EXPERIMENTS_DIR}/{exp}/{name}", info))
+                out.append((path, f"{self._home(exp)}{name}", info))
             if name == RECORD:
                 experiments.add(exp)
-        for path, (run, name), info in self._find(f"{self.base}/{STORAGE_DIR}", 2):
+        for path, (run, name), info in self._find(f"{self.root}/{STORAGE_DIR}", 2):
+            m = TRIAL_RUN.match(run)
+            if m and m.group(1) in experiments:
+                place = f"{self._home(m.group(1))}trials/{int(m.group(2))}"
+            elif self.mode == "experiment":
+                continue  # another experiment's, or a plain run
+            else:
+                place = f"{STORAGE_DIR}/{run}"
             if not _is_run_file(name):
                 continue
-            m = TRIAL_RUN.match(run)
-            place = (f"{EXPERIMENTS_DIR}/{m.group(1)}/trials/{int(m.group(2))}"
-                     if m and m.group(1) in experiments else f"{STORAGE_DIR}/{run}")
             if self._placed.setdefault(run, place) != place:  # its experiment appeared
                 self._forget(self._placed[run])
                 self._placed[run] = place
             out.append((path, f"{place}/{name}", info))
         return out
+
+    def _home(self, experiment: str) -> str:
+        """An experiment's local directory, as a prefix ('' in experiment mode)."""
+        return "" if self.mode == "experiment" else f"{EXPERIMENTS_DIR}/{experiment}/"
 
     def _forget(self, rel: str) -> None:
         shutil.rmtree(self.local / rel, ignore_errors=True)
