@@ -158,6 +158,10 @@ def test_the_mirror_places_trials_in_their_experiment(
         files = sorted(str(p.relative_to(one.local)) for p in one.local.rglob("*") if p.is_file())
         assert files == ["experiment.json", "study.journal", "trials/1/output.log",
                          "trials/1/training.jsonl"] and one.root == f"{bucket}/p"
+        from determined_launch.ui.api import Api
+
+        api = Api([str(one.local)], remotes=[(str(one.local), one)])
+        assert list(api.catalog.experiments()) == ["ex"] and api.experiment_storage("ex") == [one]
     finally:
         one.close()
 

@@ -173,7 +173,7 @@ class Api:
     def _storages(self, path: str, local: str) -> Storages:
         """A mirrored tree's checkpoints are in its object storage, else beside it."""
         for root, storage in self.remotes:
-            if path.startswith(root + os.sep):
+            if path == root or path.startswith(root + os.sep):
                 return [storage]
         return [local]
 
