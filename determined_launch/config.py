@@ -71,6 +71,10 @@ OPTIONS: tuple[Option, ...] = (
            metavar="EXP.yaml"),
     Option("fresh", "DET_LAUNCH_FRESH", "--fresh", values.boolean, False,
            "start over: do not resume from the run directory's newest checkpoint", switch=True),
+    Option("max_restarts", "DET_LAUNCH_MAX_RESTARTS", "--max-restarts",
+           functools.partial(values.integer, minimum=0, maximum=1000), 0,
+           "after a worker fails on any node, restart every node's workers from the newest "
+           "committed checkpoint, at most N times (docs/elastic.md)", metavar="N"),
     Option("no_determined_compat", "DET_LAUNCH_NO_DETERMINED_COMPAT", "--no-determined-compat",
            values.boolean, False,
            "do not map `python3 -m determined.launch.X` in workers to ours", switch=True),

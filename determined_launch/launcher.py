@@ -39,7 +39,10 @@ from determined_launch.compat import worker_pythonpath
 from determined_launch.core.storage import check_storage, commit_check, configured_storage
 from determined_launch.core.trackers import check_trackers
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
-from determined_launch.supervisor import SupervisorConfig, supervise, write_private_file
+from determined_launch.generations import generation_info, generation_secret, restart_judge
+from determined_launch.supervisor import Supervisor, SupervisorConfig, write_private_file
+from determined_launch.supervisor.node import RestartJudge
+from determined_launch.supervisor.restarts import Decision
 
 __all__ = [
     "BackendArgs",
@@ -78,6 +81,8 @@ class LauncherOptions:
     determined_compat: bool = True
     #: ``--hparams``, ``--config``, ``--fresh``: the local trial and resuming it.
     local_trial: LocalTrialOptions = LocalTrialOptions()
+    #: ``--max-restarts``: restart every node's workers after a failure, this many times.
+    max_restarts: int = 0
     #: ``--report-to``: the trackers the chief's ``core.init`` reports to (core/trackers/).
     report_to: tuple[str, ...] = ()
 
@@ -101,6 +106,7 @@ class LauncherOptions:
             requeue=v["requeue"],
             slots=v["slots"],
             determined_compat=not v["no_determined_compat"],
+            max_restarts=v["max_restarts"],
             local_trial=LocalTrialOptions(
                 hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
             report_to=v["report_to"],
@@ -207,10 +213,12 @@ def job_secret(info: ClusterInfo, env: Mapping[str, str]) -> str:
 
 
 def make_runtime(
-    info: ClusterInfo, env: Mapping[str, str], determined_compat: bool = True
+    info: ClusterInfo, env: Mapping[str, str], determined_compat: bool = True,
+    generation: int = 0,
 ) -> JobRuntime:
     """Create the private job directory and decide ports, secret and the
-    workers' ``PYTHONPATH``."""
+    workers' ``PYTHONPATH``. Each generation (``--max-restarts``) gets its
+    own directory and secret (and fresh ports on a single node)."""
     job_dir = tempfile.mkdtemp(prefix="det-launch-")  # mode 0700, unique per job
     master, control, dist = _ports(info, env)
     runtime = JobRuntime(
@@ -218,7 +226,7 @@ def make_runtime(
         master_port=master,
         control_port=control,
         dist_port=dist,
-        secret=job_secret(info, env),
+        secret=generation_secret(job_secret(info, env), generation),
         python=sys.executable,
         pythonpath=worker_pythonpath(env, determined_compat),
     )
@@ -287,20 +295,39 @@ def run(
     if options.report_to:  # a missing package is one line here, before any worker starts
         check_trackers(options.report_to)
         extra_env[envvars.REPORT_TO] = ",".join(options.report_to)
-    runtime = make_runtime(info, env, options.determined_compat)
+    judge = None if options.dry_run else restart_judge(
+        options.max_restarts, info, env, commit_check(env, info.checkpoint_storage))
+    generation = 0
+    while True:
+        status, decision = _generation(build, args, info, env, options, extra_env,
+                                       generation, judge)
+        if not decision.restart:
+            break
+        info, generation = generation_info(info, decision), decision.generation
+    if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
+        requeue_slurm_job(env)
+    return status
+
+
+def _generation(
+    build: BuildPlan, args: BackendArgs, info: ClusterInfo, env: Mapping[str, str],
+    options: LauncherOptions, extra_env: Mapping[str, str], generation: int,
+    judge: Optional[RestartJudge],
+) -> tuple[int, Decision]:
+    """One start of this node's workers, in its own job directory with its own
+    secret: (exit status, whether the job restarts)."""
+    runtime = make_runtime(info, env, options.determined_compat, generation)
     try:
         plan = build(info, runtime, args)
         if extra_env:
             plan = dataclasses.replace(plan, env={**extra_env, **plan.env})
         if options.dry_run:
             print(plan.render())
-            return 0
-        if env.get(envvars.C10D_PORT) or not info.single_node:
+            return 0, Decision(False)
+        if generation == 0 and (env.get(envvars.C10D_PORT) or not info.single_node):
             check_ports_free(info, runtime)
-        status = supervise(plan, info, runtime, options.supervisor)
-        if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
-            requeue_slurm_job(env)
-        return status
+        supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=judge)
+        return supervisor.run(), supervisor.decision
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)
 

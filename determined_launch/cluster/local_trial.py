@@ -269,6 +269,20 @@ def latest_committed(run_dir: pathlib.Path, storage: Optional[pathlib.Path],
     return None
 
 
+def newest_committed(info: ClusterInfo, env: Mapping[str, str],
+                     is_committed: Optional[Callable[[str], bool]] = None
+                     ) -> tuple[Optional[str], Optional[pathlib.Path]]:
+    """The newest checkpoint the run directory of ``info``'s trial committed
+    (as ``complete`` finds it, whatever ``--fresh`` says), and the checkpoint
+    directory it is in (``None``: object storage). What ``--max-restarts``
+    resumes from."""
+    if info.trial is None:
+        return None, None
+    run_dir = run_dir_for(info.trial, env)
+    storage = _storage_dir(info, env, run_dir)
+    return latest_committed(run_dir, storage, info.trial, is_committed), storage
+
+
 def complete(
     info: ClusterInfo,
     env: Mapping[str, str],

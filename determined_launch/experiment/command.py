@@ -17,6 +17,9 @@ BACKENDS = ("torch", "horovod", "deepspeed", "exec")
 #: Launcher options that make up one run's trial identity; the experiment sets
 #: every trial's, so they are refused here and kept from the trials.
 TRIAL_IDENTITY = ("hparams", "config", "fresh")
+#: The driver restarts trials by the config's ``max_restarts``; a trial's launcher
+#: restarting on its own as well would multiply the two.
+DRIVER_OWNED = ("max_restarts",)
 #: Determined's launch modules in an entrypoint -> our subcommand
 ENTRYPOINT_MODULES = {
     "determined.launch.torch_distributed": "torch",
@@ -34,7 +37,8 @@ def trial_flags(ns: argparse.Namespace) -> list[str]:
     the driver's own (it preempts every trial), so neither is passed on."""
     out: list[str] = []
     for o in config.OPTIONS:
-        if o.flag is None or o.name in ("slots", "preempt_file", *TRIAL_IDENTITY):
+        if o.flag is None or o.name in ("slots", "preempt_file", *TRIAL_IDENTITY,
+                                        *DRIVER_OWNED):
             continue
         value = getattr(ns, o.name, None)
         if o.switch and value:
@@ -49,11 +53,15 @@ def refuse_trial_identity(ns: argparse.Namespace) -> None:
         if o.name in TRIAL_IDENTITY and getattr(ns, o.name, None) not in (None, False):
             raise LaunchError(f"{o.flag} sets one run's trial; det-launch experiment sets each "
                               "trial's hparams and checkpoint itself")
+        if o.name in DRIVER_OWNED and getattr(ns, o.name, None) is not None:
+            raise LaunchError(f"{o.flag} restarts one job; det-launch experiment restarts each "
+                              "trial by its config's max_restarts")
 
 
 def trial_identity_env() -> tuple[str, ...]:
     """Variables of those options, removed from the trials' environment."""
-    return tuple(o.env for o in config.OPTIONS if o.name in TRIAL_IDENTITY and o.env)
+    return tuple(o.env for o in config.OPTIONS
+                 if o.name in (*TRIAL_IDENTITY, *DRIVER_OWNED) and o.env)
 
 
 #: Fields the legacy runner reads (a ``model_def:Class`` entrypoint), which are

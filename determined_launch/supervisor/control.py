@@ -195,12 +195,24 @@ class ChiefLink(ControlLink):
             except OSError:
                 pass  # the reader thread reports the loss
 
-    def close(self) -> None:
-        super().close()
+    def stop_listening(self) -> None:
+        """Accept no more nodes, and free the port at once: a shutdown wakes
+        the accept loop (a bare close leaves the socket listening until its
+        poll times out), so the next generation can bind it right away."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.listener.close()
         except OSError:
             pass
+        if self._threads:
+            self._threads[0].join(timeout=1.0)  # the accept loop
+
+    def close(self) -> None:
+        super().close()
+        self.stop_listening()
         with self._lock:
             for stream in self.streams.values():
                 stream.close()

@@ -26,6 +26,7 @@ class Kind(str, enum.Enum):
     ABORT = "abort"  # chief -> nodes: stop; the verdict and the failure count
     FINISH = "finish"  # chief -> nodes: the job is over (status)
     LOST = "lost"  # put in the inbox by the link itself: a peer vanished (why)
+    NEXT = "next"  # chief -> nodes, as a generation ends: restart or not (restarts.Decision)
 
 
 def message(kind: Kind, **fields: Any) -> Message:

@@ -18,7 +18,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch import envvars
@@ -29,6 +29,11 @@ from determined_launch.supervisor.config import SupervisorConfig
 from determined_launch.supervisor.files import remove_leftovers, write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
+from determined_launch.supervisor.restarts import Decision
+
+#: The chief's (or a single node's) restart decision: from this generation's
+#: exit status and cause (``launcher.Restarts.decide``).
+RestartJudge = Callable[[int, Optional[v.Failure]], Decision]
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
@@ -49,8 +54,15 @@ class Supervisor:
         info: ClusterInfo,
         runtime: JobRuntime,
         config: Optional[SupervisorConfig] = None,
+        restarts: Optional[RestartJudge] = None,
     ) -> None:
         config = config or SupervisorConfig()
+        #: ``None``: restarts are off (``--max-restarts 0``) and nothing waits for a
+        #: decision; a non-chief node only checks that it is set, the chief decides.
+        self.restarts = restarts
+        #: how this generation ends: restart or not (set by ``run``)
+        self.decision = Decision(False)
+        self._next: Optional[dict[str, Any]] = None  # the chief's decision, if it came early
         self.plan = plan
         self.info = info
         self.runtime = runtime
@@ -101,11 +113,18 @@ class Supervisor:
             status = self.verdict.result
             if status is None:  # unreachable: _watch returns only when finished
                 status = 1
+            self.decision = self._restart_decision(status)
+            if self.decision.restart:
+                print(f"det-launch: {self.decision.why}", file=sys.stderr, flush=True)
+                return status
             note = ""
             if self.tool_output is not None:
                 note = report_tool_log(self.tool_output, status, self.verdict.cause,
                                        self.info.container_rank)
-            print(f"det-launch: {self.verdict.summary()}{note}", file=sys.stderr, flush=True)
+            if self.decision.why:
+                print(f"det-launch: {self.decision.why}", file=sys.stderr, flush=True)
+            print(f"det-launch: {self.verdict.summary()}{self.decision.history}{note}",
+                  file=sys.stderr, flush=True)
             return status
         finally:
             self.processes.ensure_gone(self.config.kill_after)
@@ -115,6 +134,23 @@ class Supervisor:
             if self.link is not None:
                 self.link.close()
             self._restore_signal_handlers(old_handlers)
+
+    def _restart_decision(self, status: int) -> Decision:
+        """Whether the job restarts: the chief (or a single node) decides and
+        tells the nodes; a node follows the chief (``handoff``)."""
+        if self.restarts is None:
+            return Decision(False)
+        from determined_launch.supervisor import handoff
+
+        if self.link is None or self.info.is_chief:
+            decision = self.restarts(status, self.verdict.cause)
+            if not isinstance(self.link, handoff.ChiefLink):
+                return decision
+            # A node stops within kill_after (and its KILL retries), then waits for our word.
+            bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
+            return handoff.announce(self.link, decision, bound)
+        return handoff.await_chief(self.link, self._next, self.config.connect_timeout,
+                                   alive=lambda: not self.signals)
 
     def _prepare_files(self) -> None:
         for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):
@@ -219,7 +255,11 @@ class Supervisor:
         if self.link is not None:
             inbox = self.link.inbox
             while inbox:
-                events.append(v.PeerMessage(inbox.popleft()))
+                msg = inbox.popleft()
+                if msg.get("type") == v.Kind.NEXT:
+                    self._next = msg  # for after this generation (handoff.await_chief)
+                else:
+                    events.append(v.PeerMessage(msg))
         path = self.config.preempt_file
         if path and self.verdict.phase == v.Phase.RUNNING and os.path.exists(path):
             events.append(v.PreemptFileAppeared(path))

@@ -1,0 +1,67 @@
+"""The end of a generation on several nodes: the chief's restart decision
+reaches every node over the generation's control link before it closes.
+
+The chief sends its ``restarts.Decision`` (``Kind.NEXT``) and waits until
+every node has hung up, which a node does only once all its workers of this
+generation are gone: so no worker of an old generation is alive when the
+next generation's processes (and its new control channel and job secret)
+start anywhere. A node waits for that decision; a chief that vanishes
+instead means no restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Optional
+
+from determined_launch.supervisor.control import ChiefLink, ControlLink
+from determined_launch.supervisor.events import Kind, Message, message
+from determined_launch.supervisor.restarts import Decision
+
+_POLL = 0.05
+
+
+def announce(link: ChiefLink, decision: Decision, timeout: float) -> Decision:
+    """Chief: tell every node, then wait (at most ``timeout``) for all of them
+    to hang up. A node still connected then may still run old workers: the
+    job does not restart."""
+    # First: a node that already starts the next generation must not reach this one's key.
+    link.stop_listening()
+    link.broadcast(message(Kind.NEXT, **decision.to_message()))
+    deadline = time.monotonic() + timeout
+    while link.connected_nodes and time.monotonic() < deadline:
+        time.sleep(_POLL)
+    stuck = sorted(link.connected_nodes)
+    if not stuck or not decision.restart:
+        return decision
+    nodes = ", ".join(str(n) for n in stuck)
+    final = Decision(False, f"not restarting: node {nodes} did not stop its workers within "
+                            f"{timeout:g}s", history=decision.history)
+    link.broadcast(message(Kind.NEXT, **final.to_message()))  # the stuck ones read the last
+    return final
+
+
+def await_chief(link: ControlLink, early: Optional[Message], timeout: float,
+                alive: Callable[[], bool] = lambda: True) -> Decision:
+    """Node: the chief's decision (``early``: one that arrived while this node
+    was still stopping; a later one, sent when the chief gave up waiting for
+    this node, replaces it), or no restart if the chief is lost or silent."""
+    deadline = time.monotonic() + timeout
+    msg = early
+    while True:
+        lost = False
+        while link.inbox:
+            m = link.inbox.popleft()
+            if m.get("type") == Kind.NEXT:
+                msg = m
+            lost = lost or m.get("type") == Kind.LOST
+        if msg is not None:
+            return Decision.from_message(msg)
+        if lost:
+            return Decision(False, "not restarting: the chief's launcher was lost before it "
+                                   "decided on a restart")
+        if time.monotonic() >= deadline or not alive():
+            return Decision(False, f"not restarting: no word from the chief's launcher within "
+                                   f"{timeout:g}s")
+        time.sleep(_POLL)

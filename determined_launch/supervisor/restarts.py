@@ -1,0 +1,154 @@
+"""``--max-restarts N``: whether a job whose generation ended restarts (pure).
+
+A *generation* is one start of every node's workers. When it ends with a
+genuine failure, all nodes' workers are already stopped (the verdict's
+fail-fast); the chief's launcher then asks ``decide`` whether to start the
+next generation, which resumes from the newest committed checkpoint. Nothing
+here touches a process, a file or the clock: the node loop gathers the facts
+(``Attempt``), ``decide`` answers, and the answer travels to the other nodes
+as a message (``to_message`` / ``from_message``), so every node acts on the
+chief's one decision.
+
+Rules, in order:
+
+* success, an acknowledged preemption (exit 75, resumable) and an
+  interruption (Ctrl-C, a scheduler's TERM to a job that does not listen)
+  are final: none of them is a failure to retry;
+* ``max_restarts`` restarts at most;
+* a lost node (its launcher died, went silent or never connected) is final
+  too: every node must take part in the next generation;
+* a failure that repeats at the same point stops early: the same exit status
+  as the failure before it, and no checkpoint committed since that restart
+  (the restart resumed from the same checkpoint and got nowhere), so a further
+  restart would replay the same steps and fail the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where the job stands: its newest committed checkpoint (``None``: none
+    yet) and that checkpoint's ``steps_completed`` when its metadata says."""
+
+    checkpoint: Optional[str] = None
+    steps: Optional[int] = None
+
+    def describe(self) -> str:
+        if self.checkpoint is None:
+            return "no checkpoint"
+        steps = "" if self.steps is None else f", steps_completed {self.steps}"
+        return f"checkpoint {self.checkpoint}{steps}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """How one generation ended."""
+
+    generation: int
+    status: int
+    #: the verdict's cause, as the summary words it ("rank 1 on node 0 (h) exited with status 3")
+    cause: str
+    #: stopped on request (SIGINT, an unheeded preemption), not a failure
+    interrupted: bool
+    #: what it resumed from, and the newest committed checkpoint when it ended
+    start: Progress
+    end: Progress
+    #: a node's launcher was lost or never connected: the same nodes cannot restart
+    node_lost: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    restart: bool
+    #: one line: why the job restarts or why it does not (empty: nothing to say)
+    why: str = ""
+    #: the failure repeated at the same point: restarting was stopped early
+    repeated: bool = False
+    #: the next generation's resume point (restart only)
+    resume: Progress = Progress()
+    generation: int = 0
+    #: for the final summary: the restarts made and why (``history``)
+    history: str = ""
+
+    def to_message(self) -> dict[str, Any]:
+        return {"restart": self.restart, "why": self.why, "repeated": self.repeated,
+                "checkpoint": self.resume.checkpoint, "steps": self.resume.steps,
+                "generation": self.generation, "history": self.history}
+
+    @classmethod
+    def from_message(cls, msg: Mapping[str, Any]) -> Decision:
+        """The chief's decision as a node received it (malformed: no restart)."""
+        checkpoint, steps, gen = msg.get("checkpoint"), msg.get("steps"), msg.get("generation")
+        ok = (isinstance(msg.get("restart"), bool)
+              and (checkpoint is None or isinstance(checkpoint, str))
+              and (steps is None or isinstance(steps, int)))
+        if not ok or not isinstance(gen, int):
+            return cls(False, "the chief's restart decision was malformed; not restarting")
+        return cls(bool(msg["restart"]), str(msg.get("why") or ""), bool(msg.get("repeated")),
+                   Progress(checkpoint, steps), gen, str(msg.get("history") or ""))
+
+
+def repeated(previous: Attempt, last: Attempt) -> bool:
+    """``last`` failed as ``previous`` did, at the same point: same status,
+    and the restart between them committed no checkpoint."""
+    return (last.status == previous.status and last.start == last.end
+            and previous.end == last.start)
+
+
+def decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress) -> Decision:
+    """After ``attempts[-1]`` ended: restart, or stop with the reason and the
+    history of the restarts made (see ``_decide``)."""
+    decision = _decide(max_restarts, attempts, initial)
+    if decision.restart:
+        return decision
+    return dataclasses.replace(decision, history=history(attempts))
+
+
+def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress) -> Decision:
+    """After ``attempts[-1]`` ended: restart, or stop with the reason.
+
+    ``initial`` is the resume point the job started from; a restart resumes
+    from the newest checkpoint this job committed, else from ``initial``
+    (``--fresh``'s fresh start, or the cluster info's checkpoint, again).
+    """
+    last = attempts[-1]
+    done = len(attempts) - 1  # restarts already made
+    if last.status == EXIT_OK or (last.status == EXIT_PREEMPTED and not last.cause):
+        return Decision(False)
+    if last.interrupted:
+        return Decision(False, f"not restarted: the job was stopped on request ({last.cause})"
+                        if max_restarts else "")
+    if max_restarts == 0:
+        return Decision(False)
+    if last.node_lost:
+        # Its launcher is gone; continuing on the other nodes (--min-nodes) is not built yet.
+        return Decision(False, f"not restarting: {last.cause}; a restart needs every node")
+    if len(attempts) >= 2 and repeated(attempts[-2], last):
+        return Decision(False, (
+            f"not restarting: the same failure (exit status {last.status}) repeated at the same "
+            f"point ({last.end.describe()}): restart {done} committed no checkpoint, so another "
+            f"would fail the same way"), repeated=True)
+    if done >= max_restarts:
+        return Decision(False, f"not restarting: all {max_restarts} restart"
+                               f"{'s' if max_restarts > 1 else ''} used")
+    resume = last.end if last.end.checkpoint is not None else initial
+    return Decision(True, (f"restart {done + 1} of {max_restarts} after {last.cause} "
+                           f"(generation {last.generation}); resuming from {resume.describe()}"),
+                    resume=resume, generation=last.generation + 1)
+
+
+def history(attempts: Sequence[Attempt]) -> str:
+    """What the final summary adds when restarts happened: how many, and why."""
+    failed = attempts[:-1]
+    if not failed:
+        return ""
+    n = len(failed)
+    whys = "; ".join(f"{a.generation + 1}: {a.cause}" for a in failed)
+    return f" after {n} restart{'s' if n > 1 else ''} ({whys})"
