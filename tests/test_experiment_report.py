@@ -5,13 +5,17 @@ validation, plain numbers, and the plot."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import socket
+import time
 import warnings
 from typing import Any, Optional
 
 import pytest
 
 from determined_launch.experiment import report
+from determined_launch.experiment.driver import ATTR_BEAT, ATTR_OWNER
 from determined_launch.experiment.trial import trial_metric
 from determined_launch.values import plain, plain_metrics
 
@@ -66,6 +70,8 @@ def test_progress_is_shown_before_the_first_validation(tmp_path: pathlib.Path) -
                                             + '{"steps_comp')  # a line still being written
     (run_dir / "progress.jsonl").write_text('{"progress": 0.25}\n')
     running = trial(0, {}, state="RUNNING")
+    running.user_attrs.update({ATTR_OWNER: f"{socket.gethostname()}:{os.getpid()}:0",
+                               ATTR_BEAT: time.time()})  # its worker: this live process
     waiting = trial(1, {}, state="WAITING")
     header, first, second = table_rows(report.render_table([running, waiting], "loss", True,
                                                            tmp_path))
@@ -77,6 +83,19 @@ def test_progress_is_shown_before_the_first_validation(tmp_path: pathlib.Path) -
     row = table_rows(report.render_table([running], "loss", True, tmp_path))[1]
     assert row[3:6] == ["40", "(epoch", "2,"] and row[6] == "25%)", row
     assert second[:3] == ["2", "waiting", "-"] and second[3] == "-"
+
+
+def test_a_running_trial_whose_worker_stopped_is_paused() -> None:
+    """The study still says RUNNING after a preemption (the driver clears the
+    owner) or a killed worker (its pid is gone, or its heartbeat is old)."""
+    t = trial(0, {}, state="RUNNING")
+    assert report.state_of(t) == "paused"  # no owner: preempted, resumable
+    t.user_attrs.update({ATTR_OWNER: f"{socket.gethostname()}:{os.getpid()}:0",
+                         ATTR_BEAT: time.time()})
+    assert report.state_of(t) == "running"
+    t.user_attrs[ATTR_OWNER] = "elsewhere:1:0"  # another host: only its heartbeat counts
+    assert report.state_of(t) == "running"
+    assert report.state_of(t, now=time.time() + 3600) == "paused"
 
 
 def test_numbers_print_plain() -> None:

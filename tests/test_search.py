@@ -243,7 +243,7 @@ def test_a_metric_never_reported_fails_after_the_first_validation(tmp_path: Path
                              "--status", str(tmp_path / "exp")], env=base_env(),
                             capture_output=True, text=True, timeout=30, check=False)
     assert "1 completed" in status.stdout and "1 failed" in status.stdout, status.stdout
-    assert "1 running" in status.stdout and "best trial 1: loss=" in status.stdout
+    assert "1 paused" in status.stdout and "best trial 1: loss=" in status.stdout
 
 
 def test_entrypoint_and_max_restarts(tmp_path: Path) -> None:

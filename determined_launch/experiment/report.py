@@ -12,10 +12,12 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from determined_launch.experiment import searchers as se
+from determined_launch.experiment.driver import ATTR_BEAT, ATTR_OWNER, owner_alive
 from determined_launch.experiment.trial import latest_checkpoint, trial_metric, write_private
 from determined_launch.values import plain
 
@@ -23,9 +25,17 @@ STATES = {"COMPLETE": "completed", "PRUNED": "stopped (ASHA)", "RUNNING": "runni
           "WAITING": "waiting", "FAIL": "failed"}
 
 
-def state_of(t: Any) -> str:
+def state_of(t: Any, now: Optional[float] = None) -> str:
+    """The trial's state in words. A trial the study still calls running whose
+    worker stopped (preempted, paused from the WebUI, or its worker killed) is
+    "paused": rerunning the experiment's command resumes it."""
     if t.user_attrs.get(se.ATTR_INVALID):
         return "invalid hparams"
+    if t.state.name == "RUNNING":
+        owner = str(t.user_attrs.get(ATTR_OWNER, ""))
+        beat = float(t.user_attrs.get(ATTR_BEAT, 0) or 0)
+        if not owner or not owner_alive(owner, beat, time.time() if now is None else now):
+            return "paused"
     return STATES.get(t.state.name, t.state.name.lower())
 
 

@@ -14,7 +14,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from typing import Any, Optional
 
 from determined_launch.ui import shape
@@ -28,17 +27,7 @@ def _ts(dt: Any) -> Optional[float]:
 def _trial_state(t: Any) -> str:
     from determined_launch.experiment import report
 
-    state = str(report.state_of(t))
-    if t.state.name == "RUNNING":
-        try:
-            from determined_launch.experiment.driver import ATTR_BEAT, ATTR_OWNER, owner_alive
-        except ImportError:  # pragma: no cover (the driver's names moved)
-            return state
-        owner = str(t.user_attrs.get(ATTR_OWNER, ""))
-        beat = float(t.user_attrs.get(ATTR_BEAT, 0) or 0)
-        if not owner or not owner_alive(owner, beat, time.time()):
-            return "paused"  # its worker stopped; rerunning the experiment resumes it
-    return state
+    return str(report.state_of(t))
 
 
 #: one encoder for every row (``json.dumps`` with options builds one per call)
