@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -188,6 +189,41 @@ def test_a_node_that_does_not_hang_up_stops_the_restart() -> None:
     finally:
         node.close()
         chief.close()
+
+
+DEFERRED_SIGNAL = """
+import os, shutil, signal, sys, time
+from determined_launch.backends.plan import LaunchPlan, ProcessSpec
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.launcher import make_runtime
+from determined_launch.supervisor import Supervisor, SupervisorConfig
+from determined_launch.supervisor.restarts import Decision
+
+info = ClusterInfo(("127.0.0.1",), 0, (1,), (0,), "test")
+def judge(status, cause):
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives while the generation ends
+    return Decision(True, "restart 1 of 1 (test)", generation=1)
+def plan(code):
+    return LaunchPlan((ProcessSpec((sys.executable, "-c", code), "the command"),))
+config = SupervisorConfig(kill_after=2)
+runtimes = [make_runtime(info, {}), make_runtime(info, {}, generation=1)]
+first = Supervisor(plan("raise SystemExit(3)"), info, runtimes[0], config, restarts=judge)
+print("first", first.run(), first.decision.restart, flush=True)
+second = Supervisor(plan("import time; time.sleep(60)"), info, runtimes[1], config,
+                    restarts=lambda status, cause: Decision(False))
+print("second", second.run(), flush=True)
+for r in runtimes:
+    shutil.rmtree(r.job_dir, ignore_errors=True)
+"""
+
+
+def test_a_signal_while_a_generation_ends_reaches_the_next_one() -> None:
+    """A TERM that lands between two generations is neither lost (the next one
+    would train on) nor fatal to the launcher: the next generation gets it."""
+    out = subprocess.run([sys.executable, "-c", DEFERRED_SIGNAL], env=base_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout.splitlines() == ["first 3 True", "second 143"], out.stdout + out.stderr
+    assert "job stopped: the launcher on node 0 (127.0.0.1) received SIGTERM" in out.stderr
 
 
 # ------------------------------------------------------------------ real jobs

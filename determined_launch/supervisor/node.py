@@ -133,6 +133,8 @@ class Supervisor:
                 self.tool_output.close()
             if self.link is not None:
                 self.link.close()
+            if self.decision.restart:
+                self._defer_signals(old_handlers)
             self._restore_signal_handlers(old_handlers)
 
     def _restart_decision(self, status: int) -> Decision:
@@ -149,8 +151,8 @@ class Supervisor:
             # A node stops within kill_after (and its KILL retries), then waits for our word.
             bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
             return handoff.announce(self.link, decision, bound)
-        return handoff.await_chief(self.link, self._next, self.config.connect_timeout,
-                                   alive=lambda: not self.signals)
+        # A signal meanwhile waits for the next generation (_defer_signals).
+        return handoff.await_chief(self.link, self._next, self.config.connect_timeout)
 
     def _prepare_files(self) -> None:
         for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):
@@ -345,8 +347,20 @@ class Supervisor:
         os.set_blocking(wake_w, False)
         self._old_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self._wake_w = wake_w
+        # Signals a previous generation deferred are delivered now, to these handlers
+        # (before any process starts: children inherit the mask).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted)
         return old
 
+    def _defer_signals(self, handlers: dict[int, Any]) -> None:
+        """The job restarts: a signal received while this generation ended, or
+        before the next one installs its handlers, is kept pending for it (a
+        TERM then preempts or stops the next generation, as it would have
+        this one), instead of being lost or killing the launcher between them."""
+        wanted = [s for s in handlers if s != signal.SIGCHLD]
+        signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+        for sig in self._drain_signals():
+            os.kill(os.getpid(), sig)  # pending until the next generation unblocks it
     def _restore_signal_handlers(self, old: dict[int, Any]) -> None:
         signal.set_wakeup_fd(self._old_wakeup_fd)
         os.close(self._wake_r)
