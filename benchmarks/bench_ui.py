@@ -169,6 +169,12 @@ def main() -> None:
             out["journal_reader_alone_s"] = alone(
                 root, "pass", "from determined_launch.ui.journal import JournalReader; "
                 f"n=len(JournalReader({journal}, 'big').trials())")
+        if not args.chart_only:  # the home page as the first request after start
+            server = Server(root)
+            try:
+                out["home_cold_s"] = timed(server, ["/api/v1/experiments", "/api/v1/runs"])
+            finally:
+                server.stop()
         server = Server(root)
         try:
             if args.chart_only:

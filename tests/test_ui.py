@@ -99,8 +99,8 @@ def test_a_long_stream_answers_a_chart_with_a_preview_while_it_is_read(
     read ends; a request for every row never gets a preview."""
     from determined_launch.ui import files, runs
 
-    rows = [{"steps_completed": i + 1, "metrics": {"loss": 50.0 if i == 3210 else 1.0 / (i + 1)}}
-            for i in range(5000)]
+    rows = [{"steps_completed": i + 1, "time": 1e9 + i,
+             "metrics": {"loss": 50.0 if i == 3210 else 1.0 / (i + 1)}} for i in range(5000)]
     with open(tmp_path / "training.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
         f.write('{"steps_completed": 5001, "metr')  # being written: not a row yet
@@ -113,6 +113,7 @@ def test_a_long_stream_answers_a_chart_with_a_preview_while_it_is_read(
     assert steps[0] == 1 and steps[-1] == 5000  # from the first row to the newest
     assert all(r["metrics"] == rows[r["steps_completed"] - 1]["metrics"] for r in preview)
     assert reader.last_step(str(tmp_path)) == 5000  # list pages read the newest line only
+    assert reader.activity(str(tmp_path)) == (1e9, 1e9 + 4999)  # start, last update
     deadline = time.monotonic() + 30
     while sampled and time.monotonic() < deadline:
         time.sleep(0.05)

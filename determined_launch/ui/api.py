@@ -7,6 +7,7 @@ server's 404). Nothing here writes: the UI is a reader beside the flow.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import time
@@ -56,23 +57,34 @@ class Api:
         return None if path is None else self._summary(name, path)
 
     def _summary(self, name: str, exp_dir: str) -> dict[str, Any]:
+        from determined_launch.experiment import report
+
         record = self._record(exp_dir)
         searcher = _section(record, "searcher")
         smaller = bool(searcher.get("smaller_is_better", True))
-        entries, error = self._entries_at(exp_dir, record)
-        rows = [e.row for e in entries]
+        # From the study alone, not the trials' rows: the home page's first
+        # request after start never waits for 10,000 rows to be made.
+        trials, error = self._study(exp_dir, record)
         counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-        best = _best(rows, smaller)
-        starts = [r["start"] for r in rows if r["start"] is not None]
-        ends = [r["end"] for r in rows if r["end"] is not None]
+        best: Optional[dict[str, Any]] = None
+        starts, ends, now = [], [], time.time()
+        for t in trials:
+            st = report.state_of(t, now)
+            counts[st] = counts.get(st, 0) + 1
+            value = report.best_value(t, smaller) if st != "invalid hparams" else None
+            if value is not None and math.isfinite(value) and (
+                    best is None or (value < best["value"] if smaller else value > best["value"])):
+                best = {"trial_id": t.number + 1, "value": value}
+            if t.datetime_start is not None:
+                starts.append(t.datetime_start.timestamp())
+            if t.datetime_complete is not None:
+                ends.append(t.datetime_complete.timestamp())
         state = _experiment_state(counts, int(searcher.get("max_trials") or 0), error)
         end = time.time() if state == "running" else (max(ends) if ends else None)
         start = min(starts) if starts else None
         return shape.finite({
             "name": name, "searcher": searcher.get("name"), "metric": searcher.get("metric"),
-            "smaller_is_better": smaller, "state": state, "num_trials": len(rows),
+            "smaller_is_better": smaller, "state": state, "num_trials": len(trials),
             "trial_states": counts, "best_trial": best, "start": start, "end": end,
             "duration": (end - start) if start is not None and end is not None else None,
             "max_trials": searcher.get("max_trials"), "searcher_config": shape.redact(searcher),
@@ -224,19 +236,13 @@ def _section(record: dict[str, Any], key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _best(rows: list[dict[str, Any]], smaller: bool) -> Optional[dict[str, Any]]:
-    scored = [r for r in rows if r["best_value"] is not None and r["state"] != "invalid hparams"]
-    if not scored:
-        return None
-    pick = (min if smaller else max)(scored, key=lambda r: r["best_value"])
-    return {"trial_id": pick["trial_id"], "value": pick["best_value"]}
-
-
 def _experiment_state(counts: dict[str, int], max_trials: int, error: Optional[str]) -> str:
     if error:
         return "unknown"
     if counts.get("running"):
         return "running"
+    if counts.get("paused"):
+        return "paused"  # its trials wait for the experiment's command to be rerun
     done = sum(n for s, n in counts.items() if s in FINISHED and s != "invalid hparams")
     if not counts:
         return "pending"

@@ -151,15 +151,17 @@ class RunReader:
                 state.n = len(table)
             return state.rows
 
+    def _ends(self, run_dir: str, group: str) -> files.Table:
+        """The stream's rows, or while a long one is unread, its first and
+        newest rows only (list pages never wait for that read)."""
+        path = os.path.join(run_dir, f"{group}.jsonl")
+        if GROUP.match(group) and self.streams.backlog(path) > PREVIEW_BYTES:
+            return files.sample(path, self.roots, 1)
+        return self.table(run_dir, group)
+
     def last_step(self, run_dir: str) -> Optional[int]:
-        """The newest report's step; from the stream's last line while a long
-        stream is still unread, so list pages never wait for that read."""
-        tables = []
-        for group in ("training", "validation"):
-            path = os.path.join(run_dir, f"{group}.jsonl")
-            unread = self.streams.backlog(path) > PREVIEW_BYTES
-            tables.append(files.sample(path, self.roots, 0) if unread
-                          else self.table(run_dir, group))
+        """The newest report's step."""
+        tables = [self._ends(run_dir, group) for group in ("training", "validation")]
         steps = [t.steps[-1] for t in tables if len(t)]
         steps = [s for s in steps if s == s]
         return int(max(steps)) if steps else None
@@ -289,7 +291,7 @@ class RunReader:
         first: list[float] = []
         last: list[float] = []
         for group in self.groups(run_dir):
-            times = self.table(run_dir, group).times
+            times = self._ends(run_dir, group).times
             if len(times):
                 first.append(times[0])
                 last.append(times[-1])
