@@ -214,7 +214,7 @@ def _wandb_records(path: Path) -> Iterator[Any]:
 def test_preempt_and_resume_continue_one_run_with_each_step_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> None:
     run_dir = tmp_path / "my-run"
-    for key, value in {"DET_RUN_DIR": str(run_dir), "DET_REPORT_TO": "mlflow,wandb",
+    for key, value in {"DET_RUN_DIR": str(run_dir), "DET_REPORT_TO": "mlflow,wandb,tensorboard",
                        "DET_CHECKPOINT_STORAGE": str(tmp_path / "ckpt"),
                        "DET_LAUNCH_HPARAMS": '{"lr": 0.1, "opt": {"name": "sgd"}}',
                        "MLFLOW_TRACKING_URI": mlflow_uri,
@@ -269,6 +269,22 @@ def test_preempt_and_resume_continue_one_run_with_each_step_once(
                 exits.append(record.exit.exit_code)
     assert sorted(steps) == list(range(1, 9)) and exits == [0, 0]
 
+    # TensorBoard: one HParams session (not repeated by the resumed life), read by its loader.
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata
+
+    sessions = []
+    for f in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(f)).Load():
+            for v in event.summary.value:
+                if v.tag == metadata.SESSION_START_INFO_TAG:
+                    sessions.append(metadata.parse_session_start_info_plugin_data(
+                        v.metadata.plugin_data.content))
+    assert len(sessions) == 1
+    assert {k: v.WhichOneof("kind") for k, v in sessions[0].hparams.items()} == {
+        "lr": "number_value", "opt.name": "string_value"}
+    assert sessions[0].hparams["lr"].number_value == 0.1
+
 
 # --- a search: one run per trial ---------------------------------------------------
 
@@ -285,8 +301,8 @@ def test_a_search_gives_one_run_per_trial_with_its_params(
     env = base_env(MLFLOW_TRACKING_URI=mlflow_uri, WANDB_MODE="offline")
     r = subprocess.run(
         [sys.executable, "-m", "determined_launch.cli", "experiment", str(cfg),
-         "--experiment-dir", str(tmp_path / "exp"), "--report-to", "mlflow", "exec", "--",
-         sys.executable, str(REPO / "tests" / "search" / "trial_script.py")],
+         "--experiment-dir", str(tmp_path / "exp"), "--report-to", "mlflow,tensorboard",
+         "exec", "--", sys.executable, str(REPO / "tests" / "search" / "trial_script.py")],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     client = mlflow_tracking.MlflowClient(mlflow_uri)
@@ -299,6 +315,8 @@ def test_a_search_gives_one_run_per_trial_with_its_params(
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "validation/loss")]
         assert steps == [2, 4]
+        trial_dir = tmp_path / "exp" / "trials" / name[-1]
+        assert len(list((trial_dir / "tensorboard").glob("*.hparams"))) == 1  # HParams tab
 
 
 def test_reports_keep_flowing_while_the_tracker_thread_is_busy(tmp_path: Path) -> None:

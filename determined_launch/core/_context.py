@@ -216,7 +216,7 @@ def init(
 
     trackers = None if distributed.rank != 0 else trackers_from_env(
         os.environ, identity(rundir_path, trial_id, rundir.hparams),
-        resuming=info.latest_checkpoint is not None)
+        resuming=info.latest_checkpoint is not None, tensorboard_dir=storage.tensorboard.base_path)
     train = TrainContext(distributed, rundir, storage.tensorboard, trackers)
     after_commit = storage.after_commit
     if trackers is not None:

@@ -31,15 +31,16 @@ from determined_launch.errors import LaunchError
 
 logger = logging.getLogger("determined_launch.core")
 
-__all__ = ["STATES", "RunIdentity", "Trackers", "check_trackers", "final_state", "from_env",
-           "identity", "open_trackers"]
+__all__ = ["STATES", "RunIdentity", "Trackers", "check_trackers", "final_state", "flatten",
+           "from_env", "identity", "open_trackers"]
 
 #: The run directory's record of this run's tracker runs.
 STATE_FILE = "trackers.json"
 #: Seconds ``close`` waits for all trackers to deliver what is queued.
 FLUSH_SECONDS = 15.0
 #: tool -> (module it needs, the extra that installs it)
-PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb"),
+            "tensorboard": ("tensorboard", "tensorboard")}
 #: A trial's final states, as the trackers' run status shows them.
 STATES = ("completed", "preempted", "invalid", "errored")
 
@@ -94,6 +95,17 @@ def identity(run_dir: pathlib.Path, trial_id: Optional[int],
             experiment = run_dir.parent.parent.name
     name = f"{experiment}/trial-{trial_id}" if experiment is not None else run_dir.name
     return RunIdentity(experiment, name, trial_id, dict(hparams or {}), run_dir)
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested hyperparameters as ``a.b`` keys (MLflow params, TensorBoard HParams)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 class _State:
@@ -194,25 +206,38 @@ def final_state(exc: Optional[BaseException], preempted: bool) -> str:
     return "invalid" if type(exc).__name__ == "InvalidHP" else "errored"
 
 
-def from_env(env: Mapping[str, str], who: RunIdentity, *,
-             resuming: bool) -> Optional[Trackers]:
+def from_env(env: Mapping[str, str], who: RunIdentity, *, resuming: bool,
+             tensorboard_dir: Optional[pathlib.Path] = None) -> Optional[Trackers]:
     """``DET_REPORT_TO``'s trackers (``--report-to`` sets it for the workers)."""
     raw = env.get(envvars.REPORT_TO, "").strip()
     try:
         names = values.trackers(raw) if raw else ()
     except ValueError as e:
         raise LaunchError(f"environment variable {envvars.REPORT_TO}: {e}") from None
-    return open_trackers(names, who, resuming=resuming) if names else None
+    if not names:
+        return None
+    return open_trackers(names, who, resuming=resuming, tensorboard_dir=tensorboard_dir)
 
 
 def open_trackers(names: Sequence[str], who: RunIdentity, *, resuming: bool,
-                  flush_seconds: float = FLUSH_SECONDS) -> Optional[Trackers]:
+                  flush_seconds: float = FLUSH_SECONDS,
+                  tensorboard_dir: Optional[pathlib.Path] = None) -> Optional[Trackers]:
     """The chief's trackers for ``names`` (``values.trackers``), or ``None`` when
     none is on. A missing package is one warning line and that tool is skipped:
-    the launcher already refused it, so this is a bare process's mistake."""
+    the launcher already refused it, so this is a bare process's mistake.
+    ``tensorboard`` (its scalars are always written) adds the HParams summary
+    to ``tensorboard_dir`` once per tracker run."""
     for line in _missing(names):
         logger.warning("%s; reporting without it", line)
     usable = [n for n in names if n in PACKAGES and not _missing([n])]
+    if "tensorboard" in usable and tensorboard_dir is not None and not resuming:
+        from determined_launch.core.trackers._hparams import write_session_start
+
+        try:
+            write_session_start(tensorboard_dir, who)
+        except Exception as e:  # plots never stop training
+            logger.warning("tensorboard: could not write the HParams summary: %s", e)
+    usable = [n for n in usable if n != "tensorboard"]
     if not usable:
         return None
     state = _State(who.run_dir / STATE_FILE, resuming)

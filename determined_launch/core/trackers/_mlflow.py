@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
-from determined_launch.core.trackers import RunIdentity
+from determined_launch.core.trackers import RunIdentity, flatten
 
 #: MLflow's limits per ``log_batch`` call.
 _MAX_METRICS = 1000
@@ -21,18 +21,6 @@ _MAX_PARAM_CHARS = 6000
 #: the trial's final state -> MLflow's run status
 STATUS = {"completed": "FINISHED", "invalid": "FINISHED", "preempted": "KILLED",
           "errored": "FAILED"}
-
-
-def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested hyperparameters as ``a.b`` keys, values as text (MLflow params are strings)."""
-    out: dict[str, str] = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = str(value)[:_MAX_PARAM_CHARS]
-    return out
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -72,7 +60,8 @@ class MlflowBackend:
         run = client.create_run(experiment_id, run_name=self._who.run_name,
                                 tags=self._who.tags())
         self._run_id = run.info.run_id
-        params = [Param(k, v) for k, v in flatten(self._who.hparams).items()]
+        params = [Param(k, str(v)[:_MAX_PARAM_CHARS])
+                  for k, v in flatten(self._who.hparams).items()]
         for chunk in _chunks(params, _MAX_PARAMS):
             client.log_batch(self._run_id, params=chunk)
         return self._run_id
