@@ -19,7 +19,14 @@ from determined_launch.supervisor import handoff
 from determined_launch.supervisor.control import ChiefLink, NodeLink
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
-from tests.conftest import WORKERS, Launch, base_env, free_port_block, write_cluster_info
+from tests.conftest import (
+    WORKERS,
+    Launch,
+    base_env,
+    exec_on_two_nodes,
+    free_port_block,
+    write_cluster_info,
+)
 
 WORKER = [sys.executable, str(WORKERS / "restart_worker.py")]
 NONE = Progress()
@@ -300,3 +307,22 @@ def test_a_crash_on_node_1_restarts_node_0_too(tmp_path: Path, launches: list[La
         assert "job succeeded on 2 nodes (exit status 0) after 1 restart" in launch.stderr
         assert launch.leftovers() == []
     assert "rank=0 generation start=4" in chief.stdout  # node 0's rank restarted too
+
+
+@pytest.mark.slow
+def test_a_lost_chief_ends_the_job_on_the_other_nodes(tmp_path: Path,
+                                                      launches: list[Launch]) -> None:
+    started = tmp_path / "started"
+    started.mkdir()
+    chief, node1 = exec_on_two_nodes(
+        tmp_path, [sys.executable, "-c", "import os, time; "
+                   f"open(os.path.join({str(started)!r}, str(os.getpid())), 'w'); time.sleep(60)"],
+        launches, launcher_flags=("--max-restarts", "2"))
+    deadline = time.monotonic() + 30
+    while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # both nodes' commands run
+    chief.proc.kill()  # its host died: no goodbye, no decision
+    assert node1.wait(30) == 1, node1.stderr
+    assert "not restarting: the chief's launcher was lost" in node1.stderr, node1.stderr
+    assert "det-launch: restart" not in node1.stderr
+    assert node1.leftovers() == []

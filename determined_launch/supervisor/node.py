@@ -151,6 +151,8 @@ class Supervisor:
             # A node stops within kill_after (and its KILL retries), then waits for our word.
             bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
             return handoff.announce(self.link, decision, bound)
+        if self.verdict.chief_gone:  # its loss was this generation's news, already read
+            return Decision(False, "not restarting: the chief's launcher was lost")
         # A signal meanwhile waits for the next generation (_defer_signals).
         return handoff.await_chief(self.link, self._next, self.config.connect_timeout)
 
