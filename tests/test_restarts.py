@@ -310,19 +310,24 @@ def test_a_crash_on_node_1_restarts_node_0_too(tmp_path: Path, launches: list[La
 
 
 @pytest.mark.slow
-def test_a_lost_chief_ends_the_job_on_the_other_nodes(tmp_path: Path,
-                                                      launches: list[Launch]) -> None:
+@pytest.mark.parametrize("lost", [0, 1])
+def test_a_lost_node_ends_the_job_on_the_others(tmp_path: Path, launches: list[Launch],
+                                                lost: int) -> None:
     started = tmp_path / "started"
     started.mkdir()
-    chief, node1 = exec_on_two_nodes(
+    nodes = exec_on_two_nodes(
         tmp_path, [sys.executable, "-c", "import os, time; "
                    f"open(os.path.join({str(started)!r}, str(os.getpid())), 'w'); time.sleep(60)"],
         launches, launcher_flags=("--max-restarts", "2"))
     deadline = time.monotonic() + 30
     while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # both nodes' commands run
-    chief.proc.kill()  # its host died: no goodbye, no decision
-    assert node1.wait(30) == 1, node1.stderr
-    assert "not restarting: the chief's launcher was lost" in node1.stderr, node1.stderr
-    assert "det-launch: restart" not in node1.stderr
-    assert node1.leftovers() == []
+    nodes[lost].proc.kill()  # its host died: no goodbye
+    survivor = nodes[1 - lost]
+    assert survivor.wait(30) == 1, survivor.stderr
+    why = ("not restarting: the chief's launcher was lost" if lost == 0 else
+           "not restarting: the launcher on node 1 (127.0.0.1) was lost (its connection closed: "
+           "the launcher was killed or crashed); a restart needs every node")
+    assert why in survivor.stderr, survivor.stderr
+    assert "det-launch: restart" not in survivor.stderr
+    assert survivor.leftovers() == []
