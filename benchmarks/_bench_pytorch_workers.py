@@ -13,10 +13,17 @@ import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BATCH = 64
-FEATURES = 128
-HIDDEN = 256
-RECORDS = 6400  # 100 batches per epoch
+#: Batches before the timed window on every side (one reporting period): the
+#: first report's one-time costs (imports of the TensorBoard writer, first
+#: allocations) are not per-batch overhead.
+WARMUP = 100
+# (batch size, features, hidden units). "mlp": a batch of about 1.5 ms on one
+# thread; "tiny": about 0.2 ms, where the loop's own overhead dominates.
+SIZES = {"mlp": (64, 128, 256), "tiny": (16, 16, 0)}  # tiny: one Linear layer
+
+
+def _size() -> tuple[int, int, int]:
+    return SIZES[os.environ.get("BENCH_PYTORCH_MODEL", "mlp")]
 
 
 # --- workers (each runs in its own process) ---------------------------------------
@@ -30,62 +37,103 @@ def _setup_torch() -> Any:
 
 
 def _dataset(torch: Any) -> Any:
+    batch, features, _ = _size()
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(RECORDS, FEATURES, generator=g)
-    y = torch.randint(0, 10, (RECORDS,), generator=g)
+    x = torch.randn(batch * 100, features, generator=g)  # 100 batches per epoch
+    y = torch.randint(0, 10, (batch * 100,), generator=g)
     return torch.utils.data.TensorDataset(x, y)
 
 
 def _mlp(torch: Any) -> Any:
+    _, features, hidden = _size()
     torch.manual_seed(0)
     nn = torch.nn
+    if os.environ.get("BENCH_PYTORCH_MODEL") == "tiny":
+        return nn.Linear(features, 10)
     return nn.Sequential(
-        nn.Linear(FEATURES, HIDDEN),
+        nn.Linear(features, hidden),
         nn.ReLU(),
-        nn.Linear(HIDDEN, HIDDEN),
+        nn.Linear(hidden, hidden),
         nn.ReLU(),
-        nn.Linear(HIDDEN, 10),
+        nn.Linear(hidden, 10),
     )
 
 
-def worker_plain(batches: int) -> dict[str, Any]:
-    torch = _setup_torch()
-    import numpy as np
+class _PlainLoop:
+    """The hand-written loop: ``loss.item()`` per batch, a mean every 100."""
 
-    model = _mlp(torch)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(_dataset(torch), batch_size=BATCH)
-    done = 0
-    losses: list[float] = []
-    t0, c0 = time.perf_counter(), time.process_time()
-    while done < batches:
-        for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+    def __init__(self, torch: Any) -> None:
+        import numpy as np
+
+        self._torch, self._mean = torch, np.mean
+        self.model = _mlp(torch)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.loader = torch.utils.data.DataLoader(_dataset(torch), batch_size=_size()[0])
+        self._it = iter(self.loader)
+
+    def run(self, batches: int) -> None:
+        cross_entropy = self._torch.nn.functional.cross_entropy
+        model, opt = self.model, self.opt
+        losses: list[float] = []
+        for _ in range(batches):
+            try:
+                x, y = next(self._it)
+            except StopIteration:
+                self._it = iter(self.loader)
+                x, y = next(self._it)
+            loss = cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
-            done += 1
-            if done % 100 == 0:
-                _ = float(np.mean(losses))
+            if len(losses) == 100:
+                _ = float(self._mean(losses))
                 losses.clear()
-            if done == batches:
-                break
+
+
+def worker_plain(batches: int) -> dict[str, Any]:
+    plain = _PlainLoop(_setup_torch())
+    plain.run(WARMUP)
+    t0, c0 = time.perf_counter(), time.process_time()
+    plain.run(batches - WARMUP)
     return {
-        "per_batch_s": (time.perf_counter() - t0) / batches,
-        "cpu_per_batch_s": (time.process_time() - c0) / batches,
+        "per_batch_s": (time.perf_counter() - t0) / (batches - WARMUP),
+        "cpu_per_batch_s": (time.process_time() - c0) / (batches - WARMUP),
     }
 
 
-def _trial_class(pytorch: Any, torch: Any, marks: dict[str, float]) -> type:
+def _trial_class(
+    pytorch: Any, torch: Any, marks: dict[str, Any], chunks: dict[str, list[float]]
+) -> type:
     """One trial class for ours and Determined's (``pytorch`` is either module)."""
 
+    plain = _PlainLoop(torch)
+
     class Timer(pytorch.PyTorchCallback):
-        def on_training_start(self) -> None:
-            marks["start"], marks["cpu_start"] = time.perf_counter(), time.process_time()
+        """At each report (every WARMUP = 100 batches): close the Trainer's chunk,
+        run 100 batches of the plain loop (timed apart), reopen the chunk. The
+        first chunk of each is the warm-up. Adjacent chunks in one process are
+        paired: the machine's drift cancels far better than across processes."""
 
         def on_training_workload_end(self, avg_metrics: Any, batch_metrics: Any) -> None:
-            marks["end"], marks["cpu_end"] = time.perf_counter(), time.process_time()
+            cpu, wall = time.process_time(), time.perf_counter()
+            prof = marks.get("profiler")
+            if "last_cpu" in marks:
+                chunks["cpu"].append(cpu - marks["last_cpu"])
+                chunks["wall"].append(wall - marks["last_wall"])
+            if prof is not None:
+                prof.disable()
+            c0 = time.process_time()
+            plain.run(WARMUP)
+            if "last_cpu" in marks:
+                chunks["plain_cpu"].append(time.process_time() - c0)
+            if prof is not None:
+                prof.enable()
+            marks["last_cpu"], marks["last_wall"] = time.process_time(), time.perf_counter()
+
+        def on_validation_start(self) -> None:  # the final validation: training is over
+            if "profiler" in marks:
+                marks["profiler"].disable()
 
     class MLPTrial(pytorch.PyTorchTrial):
         def __init__(self, context: Any) -> None:
@@ -97,11 +145,12 @@ def _trial_class(pytorch: Any, torch: Any, marks: dict[str, float]) -> type:
             return {"timer": Timer()}
 
         def build_training_data_loader(self) -> Any:
-            return pytorch.DataLoader(_dataset(torch), batch_size=BATCH)
+            return pytorch.DataLoader(_dataset(torch), batch_size=_size()[0])
 
         def build_validation_data_loader(self) -> Any:
             return pytorch.DataLoader(
-                torch.utils.data.Subset(_dataset(torch), range(BATCH)), batch_size=BATCH
+                torch.utils.data.Subset(_dataset(torch), range(_size()[0])),
+                batch_size=_size()[0],
             )
 
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
@@ -118,7 +167,11 @@ def _trial_class(pytorch: Any, torch: Any, marks: dict[str, float]) -> type:
     return MLPTrial
 
 
-def worker_trainer(side: str, batches: int, preempt_timing: bool = False) -> dict[str, Any]:
+def worker_trainer(
+    side: str, batches: int, preempt_timing: bool = False, profile: int = 0
+) -> dict[str, Any]:
+    """One Trainer run; ``profile=N``: cProfile the training loop and return the
+    ``N`` functions with the most own time (``tottime``), in µs per batch."""
     torch = _setup_torch()
     if side == "ours":
         sys.path.insert(0, REPO)
@@ -128,29 +181,66 @@ def worker_trainer(side: str, batches: int, preempt_timing: bool = False) -> dic
     import logging
 
     logging.disable(logging.INFO)  # both sides log a line per report; not what we time
-    marks: dict[str, float] = {}
+    marks: dict[str, Any] = {}
+    chunks: dict[str, list[float]] = {"cpu": [], "wall": [], "plain_cpu": []}
     calls: dict[str, list[int]] = {"poll": [], "blocking": []}
     with pytorch.init(
-        hparams={"global_batch_size": BATCH * _world()}, enable_tensorboard_logging=False
+        hparams={"global_batch_size": _size()[0] * _world()}, enable_tensorboard_logging=False
     ) as ctx:
-        trial = _trial_class(pytorch, torch, marks)(ctx)
+        trial = _trial_class(pytorch, torch, marks, chunks)(ctx)
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            marks["profiler"] = prof
         if preempt_timing:
             _time_should_preempt(ctx._core.preempt, calls)
         pytorch.Trainer(trial, ctx).fit(
             max_length=pytorch.Batch(batches),
-            reporting_period=pytorch.Batch(100),
+            reporting_period=pytorch.Batch(100),  # the default; WARMUP is one period
             checkpoint_policy="none",
         )
         rank = ctx.distributed.rank
     out: dict[str, Any] = {
         "rank": rank,
-        "per_batch_s": (marks["end"] - marks["start"]) / batches,
-        "cpu_per_batch_s": (marks["cpu_end"] - marks["cpu_start"]) / batches,
+        "per_batch_s": sum(chunks["wall"]) / (batches - WARMUP),
+        "cpu_per_batch_s": sum(chunks["cpu"]) / (batches - WARMUP),
+        "plain_cpu_per_batch_s": sum(chunks["plain_cpu"]) / (batches - WARMUP),
+        # per pair of adjacent chunks: (Trainer - plain loop) per batch
+        "paired_chunk_diffs_us": [
+            (t - p) / WARMUP * 1e6 for t, p in zip(chunks["cpu"], chunks["plain_cpu"])
+        ],
     }
     if preempt_timing:
         out["poll"] = _stats(calls["poll"])
         out["blocking"] = _stats(calls["blocking"])
+    if prof is not None:
+        out["profile"] = _top_functions(prof, profile, batches)
     return out
+
+
+def _top_functions(prof: Any, n: int, batches: int) -> list[dict[str, Any]]:
+    """The ``n`` functions with the most own time, and the total of our package's."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    batches -= WARMUP
+    rows = []
+    ours_us = 0.0
+    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in stats.items():
+        where = f"{os.path.relpath(file, REPO) if file.startswith(REPO) else file}:{line}({name})"
+        if "determined_launch" in file:
+            ours_us += tottime * 1e6 / batches
+        rows.append({
+            "function": where,
+            "calls_per_batch": calls / batches,
+            "own_us_per_batch": tottime * 1e6 / batches,
+            "cum_us_per_batch": cumtime * 1e6 / batches,
+        })
+    rows.sort(key=lambda r: -r["own_us_per_batch"])
+    return [{"function": "TOTAL in determined_launch (own time)", "own_us_per_batch": ours_us},
+            *rows[:n]]
 
 
 def _world() -> int:
