@@ -12,7 +12,6 @@ instead means no restart.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Optional
 
 from determined_launch.supervisor.control import ChiefLink, ControlLink
@@ -42,8 +41,7 @@ def announce(link: ChiefLink, decision: Decision, timeout: float) -> Decision:
     return final
 
 
-def await_chief(link: ControlLink, early: Optional[Message], timeout: float,
-                alive: Callable[[], bool] = lambda: True) -> Decision:
+def await_chief(link: ControlLink, early: Optional[Message], timeout: float) -> Decision:
     """Node: the chief's decision (``early``: one that arrived while this node
     was still stopping; a later one, sent when the chief gave up waiting for
     this node, replaces it), or no restart if the chief is lost or silent."""
@@ -61,7 +59,7 @@ def await_chief(link: ControlLink, early: Optional[Message], timeout: float,
         if lost:
             return Decision(False, "not restarting: the chief's launcher was lost before it "
                                    "decided on a restart")
-        if time.monotonic() >= deadline or not alive():
+        if time.monotonic() >= deadline:
             return Decision(False, f"not restarting: no word from the chief's launcher within "
                                    f"{timeout:g}s")
         time.sleep(_POLL)
