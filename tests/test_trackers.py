@@ -109,6 +109,17 @@ def test_a_missing_package_is_one_line_naming_the_extra(
         str(e.value) + "; reporting without it"]
 
 
+def test_the_final_state_of_a_core_context_block() -> None:
+    from determined_launch import InvalidHP
+
+    assert trackers.final_state(None, preempted=False) == "completed"
+    assert trackers.final_state(None, preempted=True) == "preempted"
+    assert trackers.final_state(SystemExit(0), preempted=False) == "completed"
+    assert trackers.final_state(SystemExit(3), preempted=False) == "errored"
+    assert trackers.final_state(ValueError("x"), preempted=True) == "errored"
+    assert trackers.final_state(InvalidHP("x"), preempted=False) == "invalid"
+
+
 # --- a tracker never stops or slows training ------------------------------------
 
 

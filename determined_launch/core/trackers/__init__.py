@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from determined_launch import envvars, values
+from determined_launch._user import InvalidHP
 from determined_launch.core._rundir import write_atomically
 from determined_launch.core.trackers._sink import Backend, Sink
 from determined_launch.errors import LaunchError
@@ -203,7 +204,7 @@ def final_state(exc: Optional[BaseException], preempted: bool) -> str:
     """How a ``core.Context`` block ended, as one of ``STATES``."""
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return "preempted" if preempted else "completed"
-    return "invalid" if type(exc).__name__ == "InvalidHP" else "errored"
+    return "invalid" if isinstance(exc, InvalidHP) else "errored"
 
 
 def from_env(env: Mapping[str, str], who: RunIdentity, *, resuming: bool,
