@@ -297,10 +297,10 @@ def run(
         extra_env[envvars.REPORT_TO] = ",".join(options.report_to)
     judge = None if options.dry_run else restart_judge(
         options.max_restarts, info, env, commit_check(env, info.checkpoint_storage))
-    generation = 0
+    generation, deferred = 0, frozenset[int]()
     while True:
-        status, decision = _generation(build, args, info, env, options, extra_env,
-                                       generation, judge)
+        status, decision, deferred = _generation(build, args, info, env, options, extra_env,
+                                                 generation, judge, deferred)
         if not decision.restart:
             break
         info, generation = generation_info(info, decision), decision.generation
@@ -312,10 +312,11 @@ def run(
 def _generation(
     build: BuildPlan, args: BackendArgs, info: ClusterInfo, env: Mapping[str, str],
     options: LauncherOptions, extra_env: Mapping[str, str], generation: int,
-    judge: Optional[RestartJudge],
-) -> tuple[int, Decision]:
+    judge: Optional[RestartJudge], deferred: frozenset[int],
+) -> tuple[int, Decision, frozenset[int]]:
     """One start of this node's workers, in its own job directory with its own
-    secret: (exit status, whether the job restarts)."""
+    secret: (exit status, whether the job restarts, the signals it kept
+    pending for the next generation)."""
     runtime = make_runtime(info, env, options.determined_compat, generation)
     try:
         plan = build(info, runtime, args)
@@ -323,11 +324,12 @@ def _generation(
             plan = dataclasses.replace(plan, env={**extra_env, **plan.env})
         if options.dry_run:
             print(plan.render())
-            return 0, Decision(False)
+            return 0, Decision(False), deferred
         if generation == 0 and (env.get(envvars.C10D_PORT) or not info.single_node):
             check_ports_free(info, runtime)
-        supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=judge)
-        return supervisor.run(), supervisor.decision
+        supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=judge,
+                                deferred=deferred)
+        return supervisor.run(), supervisor.decision, supervisor.deferred
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)
 

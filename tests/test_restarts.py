@@ -217,7 +217,7 @@ runtimes = [make_runtime(info, {}), make_runtime(info, {}, generation=1)]
 first = Supervisor(plan("raise SystemExit(3)"), info, runtimes[0], config, restarts=judge)
 print("first", first.run(), first.decision.restart, flush=True)
 second = Supervisor(plan("import time; time.sleep(60)"), info, runtimes[1], config,
-                    restarts=lambda status, cause: Decision(False))
+                    restarts=lambda status, cause: Decision(False), deferred=first.deferred)
 print("second", second.run(), flush=True)
 for r in runtimes:
     shutil.rmtree(r.job_dir, ignore_errors=True)

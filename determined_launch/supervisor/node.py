@@ -32,7 +32,7 @@ from determined_launch.supervisor.relay import ToolOutput, labels_workers, repor
 from determined_launch.supervisor.restarts import Decision
 
 #: The chief's (or a single node's) restart decision: from this generation's
-#: exit status and cause (``launcher.Restarts.decide``).
+#: exit status and cause (``generations.Restarts.decide``).
 RestartJudge = Callable[[int, Optional[v.Failure]], Decision]
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
@@ -55,8 +55,12 @@ class Supervisor:
         runtime: JobRuntime,
         config: Optional[SupervisorConfig] = None,
         restarts: Optional[RestartJudge] = None,
+        deferred: frozenset[int] = frozenset(),
     ) -> None:
         config = config or SupervisorConfig()
+        #: signals the previous generation blocked for this one (``_defer_signals``);
+        #: after ``run``, those this one blocked for the next
+        self.deferred = deferred
         #: ``None``: restarts are off (``--max-restarts 0``) and nothing waits for a
         #: decision; a non-chief node only checks that it is set, the chief decides.
         self.restarts = restarts
@@ -349,9 +353,11 @@ class Supervisor:
         os.set_blocking(wake_w, False)
         self._old_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self._wake_w = wake_w
-        # Signals a previous generation deferred are delivered now, to these handlers
-        # (before any process starts: children inherit the mask).
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted)
+        if self.deferred:
+            # What the previous generation deferred is delivered now, to these handlers
+            # (before any process starts: children inherit the mask).
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.deferred)
+            self.deferred = frozenset()
         return old
 
     def _defer_signals(self, handlers: dict[int, Any]) -> None:
@@ -359,10 +365,12 @@ class Supervisor:
         before the next one installs its handlers, is kept pending for it (a
         TERM then preempts or stops the next generation, as it would have
         this one), instead of being lost or killing the launcher between them."""
-        wanted = [s for s in handlers if s != signal.SIGCHLD]
-        signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+        wanted = {s for s in handlers if s != signal.SIGCHLD}
+        # only those not blocked already (by whoever started us): the next one unblocks them
+        self.deferred = frozenset(wanted - signal.pthread_sigmask(signal.SIG_BLOCK, wanted))
         for sig in self._drain_signals():
             os.kill(os.getpid(), sig)  # pending until the next generation unblocks it
+
     def _restore_signal_handlers(self, old: dict[int, Any]) -> None:
         signal.set_wakeup_fd(self._old_wakeup_fd)
         os.close(self._wake_r)
