@@ -19,6 +19,8 @@ from determined_launch.core.trackers import RunIdentity
 #: W&B's x axis for every metric: rows are logged without ``step``, so a report
 #: for an earlier step (validation after training) is never dropped by W&B.
 STEP = "steps_completed"
+#: seconds ``wandb.init`` may wait for its server (W&B's default: 90)
+INIT_TIMEOUT = 30.0
 
 
 class WandbBackend:
@@ -37,6 +39,10 @@ class WandbBackend:
         self._run = run = wandb.init(
             id=run_id, resume="allow", name=self._who.run_name, group=self._who.experiment,
             config=dict(self._who.hparams), dir=directory,
+            # W&B waits this long for a server that never answers, at exit too (its
+            # atexit teardown): 90 s by default; ours unless WANDB_INIT_TIMEOUT is set.
+            settings=None if os.environ.get("WANDB_INIT_TIMEOUT") else wandb.Settings(
+                init_timeout=INIT_TIMEOUT),
         )
         run.config.update({"det": self._who.tags()}, allow_val_change=True)
         run.define_metric(STEP)
