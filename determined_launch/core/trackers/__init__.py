@@ -14,11 +14,13 @@ scratch (no checkpoint to resume) starts a new tracker run.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
 import json
 import logging
 import pathlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -159,6 +161,11 @@ class Trackers:
         self._sinks = tuple(sinks)
         self._flush_seconds = flush_seconds
         self._closed = False
+        # A script that never closes its core.init() context still delivers (bounded).
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        self.close("errored" if getattr(sys, "last_value", None) is not None else "completed")
 
     def report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         item = ("metrics", group, int(steps_completed), dict(metrics))
@@ -185,6 +192,7 @@ class Trackers:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._at_exit)
         deadline = time.monotonic() + self._flush_seconds
         for sink in self._sinks:
             sink.close(state, deadline)
