@@ -41,7 +41,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from determined_launch.core._context import _single_process  # noqa: E402
 from determined_launch.core._rundir import RunDir  # noqa: E402
 from determined_launch.core.checkpoint import CheckpointContext  # noqa: E402
-from determined_launch.core.storage import open_storage, parse_storage  # noqa: E402
+from determined_launch.core.storage import (  # noqa: E402
+    multipart,
+    objectstore,
+    open_storage,
+    parse_storage,
+)
 from tests.storage_servers import wait_port  # noqa: E402
 
 KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
@@ -98,6 +103,8 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layouts", default="64,1", help="file counts, e.g. 64,1 or 1")
+    ap.add_argument("--tools", default="ours,s3fs,boto3,obstore",
+                    help="tools to run (obstore only if installed; ours, s3fs, boto3 always)")
     ap.add_argument("--one-file-upload-only", action="store_true",
                     help="skip the 1-file download (boto3 takes ~110 s for it on moto)")
     args = ap.parse_args()
@@ -116,7 +123,10 @@ def main() -> None:
     client.create_bucket(Bucket="bench")
     total = args.size_mb << 20
     results: dict[tuple[str, str, str], list[Timing]] = {}
-    tools = ("ours", "s3fs", "boto3") + (("obstore",) if have_obstore() else ())
+    asked = args.tools.split(",")
+    tools = tuple(t for t in ("ours", "s3fs", "boto3", "obstore")
+                  if t in asked or t != "obstore" and t in ("ours", "s3fs", "boto3")
+                  if t != "obstore" or have_obstore())
     print(f"tools: {', '.join(tools)}; load average {os.getloadavg()[0]:.1f}", flush=True)
     try:
         for count in (int(c) for c in args.layouts.split(",")):
@@ -203,7 +213,9 @@ def ours_round_trip(endpoint: str, work: pathlib.Path, src: pathlib.Path, dst: p
                           "endpoint_url": endpoint, "access_key": "testing",
                           "secret_key": "testing"}, where="bench")
     backend = open_storage(spec)
-    backend.list_ids()  # warm: the client is built outside the timing
+    backend.list_ids()  # warm: the clients are built outside the timing, as the peers'
+    if isinstance(backend, objectstore.ObjectStorage):
+        multipart.sync_client(backend.fs, objectstore.S3_PARTS_IN_FLIGHT)
     ctx = CheckpointContext(_single_process(), backend, RunDir(work / "run", trial_id=None))
     sid: list[str] = []
     return lambda: sid.append(ctx.upload(src, {})), lambda: ctx.download(sid[0], dst)

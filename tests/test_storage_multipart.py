@@ -3,7 +3,6 @@ retried on its own, and the checkpoint whole once committed."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pathlib
 import time
@@ -14,7 +13,13 @@ import pytest
 from determined_launch.core._context import _single_process
 from determined_launch.core._rundir import RunDir
 from determined_launch.core.checkpoint import CheckpointContext
-from determined_launch.core.storage import objectstore, open_storage, parse_storage, transfer
+from determined_launch.core.storage import (
+    multipart,
+    objectstore,
+    open_storage,
+    parse_storage,
+    transfer,
+)
 from determined_launch.core.storage.multipart import MAX_PARTS, part_size
 from tests.storage_servers import FaultProxy, S3Server
 
@@ -28,20 +33,25 @@ def _checkpoint(block: dict[str, Any], tmp_path: pathlib.Path) -> tuple[Any, Che
 
 
 def _spy(fs: Any, before: Any) -> list[tuple[str, int, float, float]]:
-    """Wraps the real client call: records (operation, part, start, end)."""
-    real = fs._call_s3
+    """Hooks into the real S3 client that sends the parts (botocore's events):
+    records (operation, part, start, end) of every call; ``before(operation, part)``
+    runs first."""
+    client = multipart.sync_client(fs, objectstore.S3_PARTS_IN_FLIGHT)
+    assert client is not None
     calls: list[tuple[str, int, float, float]] = []
 
-    async def call(method: str, *args: Any, **kwargs: Any) -> Any:
-        part = int(kwargs.get("PartNumber") or 0)
-        start = time.monotonic()
-        try:
-            await before(method, part)
-            return await real(method, *args, **kwargs)
-        finally:
-            calls.append((method, part, start, time.monotonic()))
+    def on_call(model: Any, params: Any, context: Any, **_: Any) -> None:
+        part = int(params.get("PartNumber") or 0)
+        context["spy"] = (part, time.monotonic())
+        before(model.name, part)
 
-    fs._call_s3 = call
+    def on_done(model: Any, context: Any, **_: Any) -> None:
+        part, start = context["spy"]
+        calls.append((model.name, part, start, time.monotonic()))
+
+    client.meta.events.register("before-parameter-build.s3", on_call)
+    client.meta.events.register("after-call.s3", on_done)
+    client.meta.events.register("after-call-error.s3", on_done)
     return calls
 
 
@@ -56,17 +66,17 @@ def test_parts_slide_through_a_bounded_window(
     (src / "model.pt").write_bytes(data)
     (src / "small").write_bytes(b"s" * 100)
 
-    async def before(method: str, part: int) -> None:
-        if method == "upload_part" and part == 1:
-            await asyncio.sleep(0.6)  # a slow part must not hold up the others
+    def before(method: str, part: int) -> None:
+        if method == "UploadPart" and part == 1:
+            time.sleep(1.5)  # a slow part must not hold up the others
 
     calls = _spy(backend.fs, before)
     sid = ctx.upload(src, {"steps_completed": 1})
-    parts = {p: (start, end) for m, p, start, end in calls if m == "upload_part"}
+    parts = {p: (start, end) for m, p, start, end in calls if m == "UploadPart"}
     assert sorted(parts) == [1, 2, 3, 4]
     most = max(sum(s <= t < e for s, e in parts.values()) for t, _ in parts.values())
     assert most == 2  # never more than the window in flight
-    assert parts[3][0] < parts[1][1] and parts[4][0] < parts[1][1]  # slid past part 1
+    assert parts[3][0] < parts[1][1]  # slid past part 1 (batches of 2 would wait for it)
     dst = tmp_path / "dst"
     ctx.download(sid, dst)
     assert (dst / "model.pt").read_bytes() == data and (dst / "small").read_bytes() == b"s" * 100
@@ -87,20 +97,26 @@ def test_a_failing_part_is_retried_alone(
     (src / "model.pt").write_bytes(data)
     failed: list[int] = []
 
-    async def before(method: str, part: int) -> None:
-        if method == "upload_part" and part == 2 and not failed:
+    def before(method: str, part: int) -> None:
+        if method == "UploadPart" and part == 2 and not failed:
             failed.append(part)
-            fault_proxy.fail_for(3)  # every HTTP attempt of one client call (botocore, s3fs)
+            fault_proxy.fail_for(-1)  # every HTTP attempt of this client call (botocore's retries)
+
+    def after_call(**_: Any) -> None:  # the call has failed: heal
+        fault_proxy.fail_for(0)
 
     calls = _spy(backend.fs, before)
+    client = multipart.sync_client(backend.fs, 1)
+    assert client is not None
+    client.meta.events.register("after-call.s3.UploadPart", after_call)
     try:
         sid = ctx.upload(src, {"steps_completed": 1})
     finally:
         fault_proxy.fail_for(0)
     ops = [(m, p) for m, p, _, _ in calls]
     # The file was not restarted: one multipart upload, part 1 sent once, part 2 twice.
-    assert ops.count(("create_multipart_upload", 0)) == 1
-    assert ops.count(("upload_part", 1)) == 1 and ops.count(("upload_part", 2)) == 2
+    assert ops.count(("CreateMultipartUpload", 0)) == 1
+    assert ops.count(("UploadPart", 1)) == 1 and ops.count(("UploadPart", 2)) == 2
     with backend.restore_path(sid, None) as path:
         assert (path / "model.pt").read_bytes() == data
 

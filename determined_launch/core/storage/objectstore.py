@@ -139,21 +139,29 @@ class ObjectStorage:
         is_async = getattr(self.fs, "async_impl", False)
         put = self.fs._put_file if is_async else self.fs.put_file
         window = multipart.Window(S3_PARTS_IN_FLIGHT)  # shared by all large files
+        client = None
+        if self.spec.protocol == "s3" and is_async and max(files.values(), default=0) > \
+                S3_SINGLE_PUT_MAX:
+            client = multipart.sync_client(self.fs, S3_PARTS_IN_FLIGHT)
 
         def task(rel: str, size: int) -> Any:
             local, remote = str(src / rel), self._path(storage_id, rel)
             if self.spec.protocol != "s3":
                 return lambda: put(local, remote)
-            if size > S3_SINGLE_PUT_MAX and is_async:
+            if size > S3_SINGLE_PUT_MAX and client is not None:
                 part = multipart.part_size(size, S3_UPLOAD_PART)
-                return lambda: multipart.put_file(self.fs, local, remote, size=size, part=part,
-                                                  window=window, what=f"uploading {rel}")
+                return lambda: multipart.put_file(self.fs, client, local, remote, size=size,
+                                                  part=part, window=window,
+                                                  what=f"uploading {rel}")
             # s3fs sends one request below two chunks
             chunk = size + 1 if size <= S3_SINGLE_PUT_MAX else S3_UPLOAD_PART
             return lambda: put(local, remote, chunksize=chunk)
 
-        self._transfer([(rel, size, task(rel, size)) for rel, size in sorted(files.items())],
-                       "uploading", storage_id)
+        try:
+            self._transfer([(rel, size, task(rel, size)) for rel, size in sorted(files.items())],
+                           "uploading", storage_id)
+        finally:
+            window.close()
 
     def _stored(self, storage_id: str) -> dict[str, int]:
         self._fresh()

@@ -79,7 +79,7 @@ def with_retries(fn: Callable[[], object], what: str, *, tries: Optional[int] = 
         try:
             fn()
             return
-        except (FileNotFoundError, PermissionError):
+        except (FileNotFoundError, PermissionError, Exhausted):
             raise  # a missing local file or a refused credential will not heal
         except Exception as e:
             if attempt == tries:
