@@ -47,7 +47,7 @@ def make_experiment(root: pathlib.Path, name: str = NAME) -> pathlib.Path:
     states = optuna.trial.TrialState
     owner = f"{socket.gethostname()}:{os.getpid()}:0"
     specs: list[tuple[Any, dict[str, Any], dict[int, float], dict[str, Any]]] = [
-        (states.COMPLETE, {"lr": 0.01, "width": 32}, {50: 0.9, 100: 0.5}, {}),
+        (states.COMPLETE, {"lr": 0.01, "width": 32}, {50: 0.9, 100: 0.5}, {"det_restarts": 2}),
         (states.PRUNED, {"lr": 0.3, "width": 64}, {25: 3.0}, {}),
         (states.FAIL, {"lr": 0.5, "width": 32}, {}, {se.ATTR_INVALID: True}),
         (states.RUNNING, {"lr": 0.02, "width": 64}, {25: 1.5},

@@ -256,6 +256,11 @@ def test_entrypoint_and_max_restarts(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "trial 1: exit status 3; restart 1 of 1" in r.stdout
     assert "trial 1: completed, loss=0.25" in r.stdout
+    # the count lives in the study (a rerun continues it; the WebUI's restarts column)
+    from determined_launch.ui.api import Api
+
+    [row] = Api([str(tmp_path / "exp")]).trials("exp") or []
+    assert row["restarts"] == 1 and row["state"] == "completed"
 
 
 def test_a_trials_metric_is_its_best_validation_everywhere(tmp_path: Path) -> None:

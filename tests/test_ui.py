@@ -165,6 +165,7 @@ def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
     assert trials[4]["checkpoints"] == 0  # running: read at once
     assert trials[1]["hparams"] == {"lr": 0.01, "width": 32}
     assert trials[1]["length"] == 100 and trials[1]["checkpoints"] == 1
+    assert trials[1]["restarts"] == 2 and trials[2]["restarts"] == 0  # the study's count
     assert trials[2]["state"] == "stopped (ASHA)" and trials[3]["state"] == "invalid hparams"
     run_dir = api.trial_dir(NAME, 1)
     assert run_dir is not None

@@ -297,7 +297,9 @@ class Driver:
             self.s.on_event(f"trial {tid}: completed, {self.s.conf.searcher.metric}="
                             f"{plain(value)}")
             return
-        restarts = self.restarts.get(number, 0)
+        # Counted in the study, as Determined counts them: a rerun of the experiment
+        # continues the count instead of granting max_restarts again (and the WebUI shows it).
+        restarts = self.restarts.get(number, int(trial.user_attrs.get(se.ATTR_RESTARTS, 0)))
         # The same failure again with no progress between (no report, no checkpoint): a
         # restart would fail the same way, so it is said once and the trial fails now.
         key = proc.failure_key(code)
@@ -310,6 +312,7 @@ class Driver:
                             f"its output ({proc.log_path}) ended:\n{ended}")
         elif restarts < self.s.conf.max_restarts and self.stopping == 0:
             self.restarts[number] = restarts + 1
+            trial.set_user_attr(se.ATTR_RESTARTS, restarts + 1)
             self.s.on_event(f"trial {tid}: exit status {code}; restart {restarts + 1} of "
                             f"{self.s.conf.max_restarts} from its last checkpoint; its output "
                             f"({proc.log_path}) ended:\n{ended}")

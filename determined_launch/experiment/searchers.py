@@ -40,6 +40,7 @@ ATTR_BRACKET = "det_bracket"
 ATTR_SURPLUS = "det_surplus"  # asked beyond max_trials by a racing worker; never run
 ATTR_INVALID = "det_invalid_hp"
 ATTR_ERROR = "det_error"
+ATTR_RESTARTS = "det_restarts"  # failures restarted from the last checkpoint (max_restarts)
 ATTR_HPARAMS = "det_hparams"  # the searched values (dotted paths), for tables and plots
 _PRIMITIVE = (type(None), bool, int, float, str)
 

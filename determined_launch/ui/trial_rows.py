@@ -2,7 +2,7 @@
 
 With 10,000 trials a poll must not reread 10,000 trials' files: a finished
 trial's row and curve never change, so they are computed once and kept (with
-their JSON encoding), and its file columns (checkpoints, restarts) are filled
+their JSON encoding), and its file column (checkpoints) is filled
 in by one background thread, so the table is served at once from the study.
 A running trial's row is computed on every request.
 """
@@ -96,7 +96,7 @@ class TrialRows:
         return entry
 
     def _start_filler(self) -> None:
-        """A finished trial's file columns (checkpoints, restarts) are read by
+        """A finished trial's file column (checkpoints) is read by
         one background thread: a 10,000-trial table is served at once from the
         study, and its columns fill in within seconds (the pages are live)."""
         with self._lock:
@@ -118,8 +118,7 @@ class TrialRows:
 
     def _file_columns(self, run_dir: str) -> dict[str, Any]:
         return {"checkpoints": sum(1 for c in self.runs_reader.table(run_dir, "checkpoints")
-                                   .records if c.get("storage_id")),
-                "restarts": self.runs_reader.regressions(run_dir)}
+                                   .records if c.get("storage_id"))}
 
     def _compute_row(self, exp_dir: str, t: Any, smaller: bool,
                      files: bool = True) -> dict[str, Any]:
@@ -133,10 +132,12 @@ class TrialRows:
             "best_value": report.best_value(t, smaller),
             "latest_value": values[length] if length is not None else None,
             "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
-            "error": shape.redact(t.user_attrs.get("det_error"))}
+            "error": shape.redact(t.user_attrs.get("det_error")),
+            # failures restarted by the driver (the study's count, as Determined's)
+            "restarts": int(t.user_attrs.get("det_restarts", 0) or 0)}
         row["path"] = self.trial_dir_of(exp_dir, t.number + 1)
         row.update(self._file_columns(row["path"]) if files else
-                   {"checkpoints": None, "restarts": None})
+                   {"checkpoints": None})
         return shape.finite(row)
 
     @staticmethod
