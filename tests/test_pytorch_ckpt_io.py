@@ -1,4 +1,4 @@
-"""Unit tests of the checkpoint file layer (determined_launch.pytorch._checkpoint_io).
+"""Unit tests of the checkpoint file layer (determined_launch.pytorch.checkpoints.files).
 
 Real torch files on disk; no mocks. The upstream-format cases build files the
 way Determined 0.38.1 writes them (numpy array in np_rng_state, DDP-prefixed
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from determined_launch.errors import InvalidCheckpointException
-from determined_launch.pytorch import _checkpoint_io as ckio
-from determined_launch.pytorch._code_copy import parse_ignore
+from determined_launch.pytorch.checkpoints import files as ckio
+from determined_launch.pytorch.checkpoints.code_copy import parse_ignore
 
 # --- find_state_file ---------------------------------------------------------------
 
@@ -296,7 +296,7 @@ def test_trial_in_main_gets_importable_module(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             import sys
-            from determined_launch.pytorch import _checkpoint_io as ckio
+            from determined_launch.pytorch.checkpoints import files as ckio
             class MyTrial:
                 pass
             print(ckio.trial_cls_spec(MyTrial, sys.argv[1]))
@@ -472,6 +472,6 @@ def test_copy_code_skips_uncopyable(tmp_path: Path) -> None:
     ],
 )
 def test_ignore_patterns(pattern: str, rel: str, is_dir: bool, ignored: bool) -> None:
-    from determined_launch.pytorch._code_copy import _ignored
+    from determined_launch.pytorch.checkpoints.code_copy import _ignored
 
     assert _ignored(parse_ignore([pattern]), rel, is_dir) is ignored

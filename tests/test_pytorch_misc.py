@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import determined_launch as det
-from determined_launch.pytorch import _progress, _tensorboard
 from determined_launch.pytorch._units import Batch, Epoch
+from determined_launch.pytorch.loop import progress as _progress
+from determined_launch.pytorch.metrics import tensorboard as _tensorboard
 from tests.conftest import base_env
 
 # ---- lazy import --------------------------------------------------------------------
@@ -230,7 +231,7 @@ TB_SCRIPT = """
 import sys
 from pathlib import Path
 import determined_launch as det
-from determined_launch.pytorch import _tensorboard
+from determined_launch.pytorch.metrics import tensorboard as _tensorboard
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 out = Path(sys.argv[1])
 w = _tensorboard.make_writer(out)
@@ -328,7 +329,7 @@ def test_callback_defaults_are_no_ops() -> None:
 
 
 def test_callback_override_detection() -> None:
-    from determined_launch.pytorch._callback import _epoch_start_takes_no_index, _overrides
+    from determined_launch.pytorch.api.callback import _epoch_start_takes_no_index, _overrides
 
     class New(det.pytorch.PyTorchCallback):
         def on_checkpoint_end(self, checkpoint_dir: str) -> None:

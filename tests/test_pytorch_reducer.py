@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from determined_launch import core, errors, pytorch
-from determined_launch.pytorch import _metric_utils as mu
-from determined_launch.pytorch._reducer import _PyTorchReducerContext
+from determined_launch.pytorch.metrics import utils as mu
+from determined_launch.pytorch.metrics.reducer import _PyTorchReducerContext
 from tests._distributed_helpers import run_threads
 from tests.conftest import base_env
 
@@ -254,7 +254,7 @@ def test_to_python() -> None:
 GLOO_SCRIPT = textwrap.dedent(
     """
     import torch.distributed as dist
-    from determined_launch.pytorch._reducer import _PyTorchReducerContext
+    from determined_launch.pytorch.metrics.reducer import _PyTorchReducerContext
 
     def allgather(obj):
         out = [None] * dist.get_world_size()

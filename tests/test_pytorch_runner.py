@@ -12,7 +12,7 @@ import pytest
 
 from determined_launch.pytorch import Batch, Epoch, TrainUnit
 from determined_launch.pytorch import __main__ as runner_main
-from determined_launch.pytorch._runner import (
+from determined_launch.pytorch.api.runner import (
     RunnerError,
     parse_overrides,
     plan_run,

@@ -61,7 +61,7 @@ def test_stale_default_group_is_released(tmp_path: Path) -> None:
 import gc, torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
 import torch.distributed.nn.functional as F
-from determined_launch.pytorch._teardown import release_stale_defaults
+from determined_launch.pytorch.loop.teardown import release_stale_defaults
 dist.all_reduce(torch.ones(2))
 dist.destroy_process_group(); gc.collect()
 before = gloo_threads()

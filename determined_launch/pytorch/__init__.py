@@ -3,13 +3,18 @@
 ``from determined_launch import pytorch`` replaces ``from determined import pytorch``.
 Importing this package imports torch; ``import determined_launch`` alone does not
 (``det.pytorch`` loads it on first use).
+
+The parts, one subpackage each: ``api`` (what users see: the trial, its context,
+the Trainer, callbacks, LR schedulers), ``loop`` (the training loop and its batch
+step), ``checkpoints`` (save, restore, the file format, loading a trial),
+``data`` (DataLoader and batch helpers; the samplers stay at ``pytorch.samplers``),
+``metrics`` (reducers, aggregation, validation, TensorBoard) and ``optim``
+(wrapped models and optimizers, gradient aggregation, AMP).
 """
 
-# Re-exports only; three groups of modules append their lines here, so the
-# unused-import and import-order checks are off for this file.
+# Re-exports only (Determined's names, public and the private ones its tests use).
 # ruff: noqa: F401, I001
 
-# --- units, data, samplers, reducers, LR scheduler, callbacks, TB/progress (H1) ---
 from determined_launch.pytorch._units import (
     Batch,
     Batches,
@@ -20,7 +25,7 @@ from determined_launch.pytorch._units import (
     _TrainBoundaryType,
 )
 from determined_launch.pytorch import samplers
-from determined_launch.pytorch._data import (
+from determined_launch.pytorch.data.loader import (
     DataLoader,
     TorchData,
     _Data,
@@ -29,29 +34,27 @@ from determined_launch.pytorch._data import (
     data_length,
     to_device,
 )
-from determined_launch.pytorch._callback import PyTorchCallback
-from determined_launch.pytorch._lr_scheduler import LRScheduler
-from determined_launch.pytorch._reducer import (
+from determined_launch.pytorch.api.callback import PyTorchCallback
+from determined_launch.pytorch.api.lr_scheduler import LRScheduler
+from determined_launch.pytorch.metrics.reducer import (
     MetricReducer,
     Reducer,
     _PyTorchReducerContext,
     _SimpleReducer,
     _simple_reduce_metrics,
 )
-from determined_launch.pytorch._metric_utils import (
+from determined_launch.pytorch.metrics.utils import (
     _combine_and_average_training_metrics,
     _convert_metrics_to_numpy,
     _prepare_metrics_reducers,
     _reduce_metrics,
 )
-from determined_launch.pytorch._tensorboard import _log_tb_metrics
-# --- end H1 ---
-# --- context, trial, controller, trainer (H2) ---
-from determined_launch.pytorch._context import PyTorchExperimentalContext, PyTorchTrialContext
-from determined_launch.pytorch._trial import PyTorchTrial, _TrialState
-from determined_launch.pytorch._controller import _PyTorchTrialController, _ShouldExit
-from determined_launch.pytorch._trainer import Trainer, init
-# --- end H2 ---
-# --- checkpoint loading (H3) ---
-from determined_launch.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
-# --- end H3 ---
+from determined_launch.pytorch.metrics.tensorboard import _log_tb_metrics
+from determined_launch.pytorch.api.context import PyTorchExperimentalContext, PyTorchTrialContext
+from determined_launch.pytorch.api.trial import PyTorchTrial, _TrialState
+from determined_launch.pytorch.loop.controller import _PyTorchTrialController, _ShouldExit
+from determined_launch.pytorch.api.trainer import Trainer, init
+from determined_launch.pytorch.checkpoints.load import (
+    CheckpointLoadContext,
+    load_trial_from_checkpoint_path,
+)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
 from determined_launch.errors import EXIT_USAGE, InvalidCheckpointException, LaunchError
-from determined_launch.pytorch._runner import (
+from determined_launch.pytorch.api.runner import (
     RunnerError,
     RunPlan,
     parse_overrides,
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 def load_trial_class(entrypoint: str) -> type:
     """Import ``MODULE:CLASS`` (the working directory first on ``sys.path``, as
     Determined runs the harness in the model directory)."""
-    from determined_launch.pytorch._trial import PyTorchTrial
+    from determined_launch.pytorch.api.trial import PyTorchTrial
 
     module_name, _, qualname = entrypoint.partition(":")
     cwd = os.getcwd()
@@ -162,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "DET_CLUSTER_INFO_FILE or drop --test"
             )
         if ns.latest_checkpoint and os.path.isdir(ns.latest_checkpoint):
-            from determined_launch.pytorch._checkpoint_io import find_state_file
+            from determined_launch.pytorch.checkpoints.files import find_state_file
 
             find_state_file(ns.latest_checkpoint)  # not a checkpoint: say so now
         trial_max = info.trial.max_length if info.trial is not None else None

@@ -220,6 +220,30 @@ def check_boundaries(
     return any_reached
 
 
+def next_boundary(
+    boundaries: list[_TrainBoundary], count: int, epoch_len: int, *, test_mode: bool = False
+) -> int:
+    """The smallest batch count after ``count`` at which ``check_boundaries`` can
+    find a boundary reached (``count + 1`` where that is not known in advance:
+    explicit schedules, test mode), so the loop tests only there."""
+    nearest = None
+    for boundary in boundaries:
+        unit, value = boundary.unit, boundary.unit.value
+        if test_mode and boundary.step_type is _TrainBoundaryType.TRAIN:
+            return count + 1
+        if type(value) is not int:
+            return count + 1
+        if type(unit) is Batch:
+            period = max(value, 1)
+        elif type(unit) is Epoch and epoch_len >= 1:
+            period = max(value, 1) * epoch_len
+        else:
+            return count + 1
+        at = (count // period + 1) * period
+        nearest = at if nearest is None else min(nearest, at)
+    return count + 1 if nearest is None else nearest
+
+
 def remaining(max_length: TrainUnit, batches_trained: int, epochs_trained: int) -> int:
     """Units left before ``max_length`` (<= 0 means done)."""
     if not isinstance(max_length.value, int):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from determined_launch.pytorch._metric_utils import is_numerical_scalar
+from determined_launch.pytorch.metrics.utils import is_numerical_scalar
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -98,3 +98,11 @@ def _log_tb_metrics(
 
 
 __all__: List[str] = ["_log_tb_metrics", "make_writer", "tensorboard_available"]
+
+
+class NullWriter:
+    """Stands in for a TensorBoard ``SummaryWriter`` when tensorboard is missing
+    (FIX-7): every method is a no-op, so user logging code never crashes."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None

@@ -1,5 +1,5 @@
 """The small metadata files of a PyTorchTrial checkpoint: ``trial_state.pkl``
-and ``load_data.json`` (part of ``_checkpoint_io``, which re-exports all of this).
+and ``load_data.json`` (part of ``checkpoints.files``, which re-exports all of this).
 
 * ``trial_state.pkl`` is a pickle of a plain dict, as Determined writes it, but
   it is read through an unpickler that only builds builtin scalars and

@@ -1,62 +1,33 @@
 """``PyTorchTrialContext``: what a ``PyTorchTrial`` receives.
 
-Same constructor and methods as Determined 0.38.1 (see the spec, 2.3). The
-optimization methods (``wrap_*``, ``backward``, ``step_optimizer``) live in
-``_context_optim._OptimMixin``; the seed-002 aliases in ``_compat``.
+Same constructor and methods as Determined 0.38.1 (see the spec, 2.3). It
+owns two collaborators and passes calls on to them: ``optim.Optimization``
+(``wrap_*``, ``backward``, ``step_optimizer``, AMP) and the metric reducers;
+the seed-002 spellings are functions in ``api.seed002``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import pathlib
 import tempfile
+import types
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
 from determined_launch import errors
-from determined_launch.pytorch import _amp, _context_optim
-from determined_launch.pytorch._compat import _Seed002Mixin
-from determined_launch.pytorch._context_optim import _OptimMixin
-from determined_launch.pytorch._data import to_device as _to_device
-from determined_launch.pytorch._reducer import MetricReducer, _PyTorchReducerContext
+from determined_launch.pytorch.api import seed002
+from determined_launch.pytorch.api.lr_scheduler import LRScheduler
+from determined_launch.pytorch.data.batch_sizes import calculate_batch_sizes
+from determined_launch.pytorch.data.loader import to_device as _to_device
+from determined_launch.pytorch.metrics.reducer import MetricReducer, _PyTorchReducerContext
+from determined_launch.pytorch.optim import amp as _amp
+from determined_launch.pytorch.optim.optimization import Optimization
 
 logger = logging.getLogger("determined_launch.pytorch")
-
-
-def calculate_batch_sizes(hparams: Optional[dict[str, Any]], slots: int) -> tuple[int, int]:
-    """``(per_slot, global)`` from ``hparams["global_batch_size"]`` and the rank count."""
-    if not hparams or "global_batch_size" not in hparams:
-        raise ValueError(
-            "global_batch_size is not set: pass hparams={'global_batch_size': N, ...} to "
-            "det.pytorch.init() (or set it under hyperparameters in the experiment config)"
-        )
-    gbs = hparams["global_batch_size"]
-    if isinstance(gbs, bool) or not isinstance(gbs, int):
-        raise errors.InvalidExperimentException(
-            f"global_batch_size must be an integer, got {gbs!r}; "
-            "set hparams['global_batch_size'] to an int"
-        )
-    slots = max(slots, 1)
-    if gbs < slots:
-        raise errors.InvalidExperimentException(
-            f"global_batch_size ({gbs}) is smaller than the number of slots ({slots}); "
-            "it must be at least one record per slot"
-        )
-    per_slot = gbs // slots
-    effective = per_slot * slots
-    if effective != gbs:
-        logger.warning(
-            "global_batch_size %d is not divisible by %d slots; using an effective global "
-            "batch size of %d (%d per slot)", gbs, slots, effective, per_slot
-        )
-    return per_slot, effective
-
-
-def shard_batch_size(size: int, global_batch_size: int) -> int:
-    """Per-rank share of ``global_batch_size``, validated like ``init``'s."""
-    return calculate_batch_sizes({"global_batch_size": global_batch_size}, size)[0]
 
 
 class PyTorchExperimentalContext:
@@ -71,7 +42,7 @@ class PyTorchExperimentalContext:
         """Automatic mixed precision: autocast forward passes, scale losses
         (disabled on CPU, as upstream). Call before ``wrap_model``."""
         self._parent.wrap_scaler(_amp.new_grad_scaler())
-        self._parent._use_amp = True
+        self._parent._optim._use_amp = True
         logger.info("enabled automatic mixed precision (AMP)")
 
     def disable_dataset_reproducibility_checks(self) -> None:
@@ -83,16 +54,49 @@ class PyTorchExperimentalContext:
         self._auto_to_device = False
 
 
-class _NullWriter:
-    """Stands in for a TensorBoard ``SummaryWriter`` when tensorboard is missing
-    (FIX-7): every method is a no-op, so user logging code never crashes."""
+def _passed_on(method: Callable[..., Any]) -> Any:
+    """A context method that calls ``method`` on the context's ``Optimization``."""
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
+    @functools.wraps(method)
+    def call(self: PyTorchTrialContext, *args: Any, **kwargs: Any) -> Any:
+        return method(self._optim, *args, **kwargs)
+
+    return call
 
 
-class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
+def _cpu_tensors(data: Any) -> bool:
+    """``data`` is a CPU tensor, or a tuple, list or dict of CPU tensors."""
+    kind = type(data)
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        return bool(data.is_cpu)
+    if kind is tuple or kind is list:
+        values: Any = data
+    elif kind is dict:
+        values = data.values()
+    else:
+        return False
+    for value in values:
+        if type(value) is not torch.Tensor or not value.is_cpu:
+            return False
+    return True
+
+
+def _optim_state(name: str) -> Any:
+    """A read-only view of the ``Optimization``'s attribute ``name`` (the private
+    names upstream code and tests read on the context)."""
+    return property(lambda self: getattr(self._optim, name))
+
+
+class PyTorchTrialContext:
     """Context of one trial: distributed layout, hyperparameters, wrapped objects."""
+
+    _scaler = _optim_state("_scaler")
+    _use_amp = _optim_state("_use_amp")
+    _use_apex = _optim_state("_use_apex")
+    _use_horovod = _optim_state("_use_horovod")
+    _main_model = _optim_state("_main_model")
+    _aggregation_frequency = _optim_state("_aggregation_frequency")
+    _is_pre_trainer = _optim_state("_is_pre_trainer")
 
     def __init__(
         self,
@@ -108,17 +112,12 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
         debug_enabled: bool,
         enable_tensorboard_logging: bool = True,
     ) -> None:
-        if not isinstance(aggregation_frequency, int) or aggregation_frequency < 1:
-            raise errors.InvalidExperimentException(
-                f"aggregation_frequency must be an integer >= 1, got {aggregation_frequency!r}"
-            )
         self._core = core_context
         self.distributed = core_context.distributed
         self._trial_seed = trial_seed
         self._hparams = hparams
         self._num_gpus = num_gpus
         self._exp_conf = exp_conf
-        self._aggregation_frequency = aggregation_frequency
         self._steps_completed = steps_completed
         self._managed_training = managed_training
         self._debug_enabled = debug_enabled
@@ -133,26 +132,17 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
             )
 
         self.device = self._pick_device()
-        self.models: list[nn.Module] = []
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.lr_schedulers: list[Any] = []
-        self._main_model = nn.Module()
-        self._scaler: Any = None
-        self._use_amp = False
-        self._use_apex = False
-        self._loss_ids: dict[Any, int] = {}
-        self._last_backward_batch_idx: Optional[int] = None
-        self._average_aggregated_gradients = True
-        self._fp16_compression = False
-        self._optimizer_averaging: dict[int, bool] = {}
-        self._is_pre_trainer = False
-        # Horovod: gradients are averaged by hvd.DistributedOptimizer, not DDP.
-        self._use_horovod = (
-            managed_training and self.distributed.size > 1 and _context_optim.horovod_requested()
+        self._on_cpu = self.device.type == "cpu"
+        self._optim = Optimization(
+            self.device, self.distributed, managed_training, aggregation_frequency
         )
+        # The same lists the Optimization fills (wrap_model etc. append to them).
+        self.models: list[nn.Module] = self._optim.models
+        self.optimizers: list[torch.optim.Optimizer] = self._optim.optimizers
+        self.lr_schedulers: list[LRScheduler] = self._optim.lr_schedulers
 
         self._epoch_len: Optional[int] = None
-        self._current_batch_idx: Optional[int] = None
+        self._batch_idx: Optional[int] = None
         self._stop_requested = False
         self._to_device_warned_types: set[type] = set()
         self._reducers = _PyTorchReducerContext(self.distributed.allgather)
@@ -240,35 +230,69 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
             raise AssertionError("stop_requested must be a boolean")
         self._stop_requested = stop_requested
 
+    # ------------------------------------------------------------ optimization
+    @property
+    def _current_batch_idx(self) -> Optional[int]:
+        return self._batch_idx
+
+    @_current_batch_idx.setter
+    def _current_batch_idx(self, batch_idx: Optional[int]) -> None:
+        self._batch_idx = batch_idx
+        self._optim.start_batch(batch_idx)
+
+    # Passed on to the Optimization (signatures and docs are its methods').
+    wrap_model = _passed_on(Optimization.wrap_model)
+    wrap_optimizer = _passed_on(Optimization.wrap_optimizer)
+    wrap_lr_scheduler = _passed_on(Optimization.wrap_lr_scheduler)
+    wrap_scaler = _passed_on(Optimization.wrap_scaler)
+    configure_apex_amp = _passed_on(Optimization.configure_apex_amp)
+    autocast_forward_pass = _passed_on(Optimization.autocast_forward_pass)
+    backward = _passed_on(Optimization.backward)
+    step_optimizer = _passed_on(Optimization.step_optimizer)
+    _should_communicate_and_update = _passed_on(Optimization._should_communicate_and_update)
+    _average_gradients = staticmethod(Optimization._average_gradients)
+    _set_default_gradient_compression = _passed_on(
+        Optimization._set_default_gradient_compression
+    )
+    _set_default_average_aggregated_gradients = _passed_on(
+        Optimization._set_default_average_aggregated_gradients
+    )
+    _set_is_pre_trainer = _passed_on(Optimization._set_is_pre_trainer)
+
     # ------------------------------------------------------------ epochs and batches
     def _check_training_started(self, need_epoch_len: bool = True) -> None:
-        if self._current_batch_idx is None:
+        if self._batch_idx is None:
             raise errors.InternalException("Training hasn't started.")
         if need_epoch_len and self._epoch_len is None:
             raise errors.InternalException("Training DataLoader uninitialized.")
 
     def is_epoch_start(self) -> bool:
         self._check_training_started()
-        return self._current_batch_idx % self._epoch_len == 0  # type: ignore[operator]
+        return self._batch_idx % self._epoch_len == 0  # type: ignore[operator]
 
     def is_epoch_end(self) -> bool:
         self._check_training_started()
         return (
-            self._current_batch_idx % self._epoch_len  # type: ignore[operator]
+            self._batch_idx % self._epoch_len  # type: ignore[operator]
             == self._epoch_len - 1  # type: ignore[operator]
         )
 
     def current_train_epoch(self) -> int:
         self._check_training_started()
-        return self._current_batch_idx // self._epoch_len  # type: ignore[operator]
+        return self._batch_idx // self._epoch_len  # type: ignore[operator]
 
     def current_train_batch(self) -> int:
         self._check_training_started(need_epoch_len=False)
-        return self._current_batch_idx  # type: ignore[return-value]
+        return self._batch_idx  # type: ignore[return-value]
 
     # ------------------------------------------------------------ data
     def to_device(self, data: Any) -> Any:
         """Move tensors/arrays (nested in dicts, lists, tuples) to ``self.device``."""
+        if self._on_cpu and _cpu_tensors(data):
+            # The per-batch common case: nothing to move (a new list or dict, as
+            # the general path returns).
+            kind = type(data)
+            return list(data) if kind is list else dict(data) if kind is dict else data
         return _to_device(data, self.device, self._to_device_warned_types)
 
     # ------------------------------------------------------------ reducers
@@ -311,16 +335,18 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
         """A ``SummaryWriter`` on ``get_tensorboard_path()``; a no-op writer when
         tensorboard is not installed."""
         if self._tbd_writer is None:
-            from determined_launch.pytorch import _tensorboard
+            from determined_launch.pytorch.metrics import tensorboard as _tensorboard
 
             path = type(self).get_tensorboard_path(self)
             writer = _tensorboard.make_writer(path) if self.distributed.rank == 0 else None
-            self._tbd_writer = writer if writer is not None else _NullWriter()
+            self._tbd_writer = writer if writer is not None else _tensorboard.NullWriter()
         return self._tbd_writer
 
     def _maybe_reset_tbd_writer(self) -> None:
         """Flush (and close) the writer so event files are complete on disk."""
-        if self._tbd_writer is not None and not isinstance(self._tbd_writer, _NullWriter):
+        from determined_launch.pytorch.metrics.tensorboard import NullWriter
+
+        if self._tbd_writer is not None and not isinstance(self._tbd_writer, NullWriter):
             self._tbd_writer.close()
             self._tbd_writer = None
 
@@ -331,3 +357,20 @@ class PyTorchTrialContext(_OptimMixin, _Seed002Mixin):
         self.profiler = torch.profiler.profile(
             *args, on_trace_ready=torch.profiler.tensorboard_trace_handler(path), **kwargs
         )
+
+    # ------------------------------------------------------------ seed 002 (api.seed002)
+    @property
+    def training(self) -> types.SimpleNamespace:
+        """``ctx.training.hparams`` (seed 002) = ``ctx.get_hparams()``."""
+        return types.SimpleNamespace(hparams=self.get_hparams())
+
+    @property
+    def config_data(self) -> dict[str, Any]:
+        """``ctx.config_data`` (seed 002) = ``ctx.get_data_config()``."""
+        return self.get_data_config()
+
+    build_trial = seed002.build_trial
+    train = seed002.train
+    fit = seed002.fit
+    load_checkpoint_trial = seed002.load_checkpoint_trial
+    predict = seed002.predict

@@ -29,10 +29,10 @@ from typing import Any, Optional
 
 import torch
 
-from determined_launch.pytorch import _checkpoint_io as cio
-from determined_launch.pytorch._compat import _Seed002Mixin
-from determined_launch.pytorch._context import PyTorchTrialContext
-from determined_launch.pytorch._trial import buildable_class
+from determined_launch.pytorch.api import seed002
+from determined_launch.pytorch.api.context import PyTorchTrialContext
+from determined_launch.pytorch.api.trial import buildable_class
+from determined_launch.pytorch.checkpoints import files as cio
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -302,4 +302,4 @@ def _load_models(
 
 
 # ``ctx.load_checkpoint_trial(...)`` (seed 002); bound here, above the context.
-_Seed002Mixin.load_trial_from_path = load_trial_from_checkpoint_path
+seed002.bind(load_trial_from_path=load_trial_from_checkpoint_path)

@@ -1,7 +1,10 @@
-"""The optimization half of ``PyTorchTrialContext``: wrapping models, optimizers,
-LR schedulers and scalers, ``backward`` and ``step_optimizer`` (with gradient
-aggregation, clipping and AMP). A mixin so each file stays readable; the
-public class is ``PyTorchTrialContext`` in ``_context.py``.
+"""``Optimization``: what ``PyTorchTrialContext`` wraps and steps.
+
+The wrapped models, optimizers, LR schedulers and scaler, and the batch
+position within the aggregation window; ``backward`` and ``step_optimizer``
+(gradient aggregation, clipping, AMP, Horovod, Apex). The context owns one and
+passes its public methods on to it; the loop tells it where each batch is
+(``start_batch``) and reads ``communicate`` once per batch.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import torch
 from torch import nn
 
 from determined_launch import errors
-from determined_launch.pytorch import _amp
-from determined_launch.pytorch._lr_scheduler import LRScheduler
+from determined_launch.pytorch.api.lr_scheduler import LRScheduler
+from determined_launch.pytorch.optim import amp as _amp
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -49,28 +52,51 @@ def _torch_distributed_ready() -> bool:
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
-class _OptimMixin:
-    """State set by ``PyTorchTrialContext.__init__``; annotated here for mypy."""
+class Optimization:
+    """Models, optimizers, schedulers and the scaler of one trial, and how a
+    batch's gradients become an optimizer step."""
 
-    models: list[nn.Module]
-    optimizers: list[torch.optim.Optimizer]
-    lr_schedulers: list[LRScheduler]
-    device: torch.device
-    distributed: Any
-    _managed_training: bool
-    _aggregation_frequency: int
-    _current_batch_idx: Optional[int]
-    _scaler: Any
-    _use_amp: bool
-    _use_apex: bool
-    _loss_ids: dict[Any, int]
-    _last_backward_batch_idx: Optional[int]
-    _main_model: nn.Module
-    _average_aggregated_gradients: bool
-    _fp16_compression: bool
-    _optimizer_averaging: dict[int, bool]
-    _is_pre_trainer: bool
-    _use_horovod: bool
+    def __init__(
+        self, device: torch.device, distributed: Any, managed_training: bool,
+        aggregation_frequency: int,
+    ) -> None:
+        if not isinstance(aggregation_frequency, int) or aggregation_frequency < 1:
+            raise errors.InvalidExperimentException(
+                f"aggregation_frequency must be an integer >= 1, got {aggregation_frequency!r}"
+            )
+        self.device = device
+        self.distributed = distributed
+        self._managed_training = managed_training
+        self._aggregation_frequency = aggregation_frequency
+        self.models: list[nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[LRScheduler] = []
+        self._main_model = nn.Module()
+        self._scaler: Any = None
+        self._use_amp = False
+        self._use_apex = False
+        self._loss_ids: dict[Any, int] = {}
+        self._average_aggregated_gradients = True
+        self._fp16_compression = False
+        self._optimizer_averaging: dict[int, bool] = {}
+        self._is_pre_trainer = False
+        # DDP-wrapped models (their all-reduce is skipped on accumulating batches)
+        self._ddp_models: list[nn.parallel.DistributedDataParallel] = []
+        # Horovod: gradients are averaged by hvd.DistributedOptimizer, not DDP.
+        self._use_horovod = managed_training and distributed.size > 1 and horovod_requested()
+        #: whether this batch ends an aggregation window (None before training)
+        self.communicate: Optional[bool] = None
+
+    def start_batch(self, batch_idx: Optional[int]) -> None:
+        """The loop is at global batch ``batch_idx`` (None: not training)."""
+        if self._loss_ids:  # Apex's loss ids count within one batch
+            self._loss_ids = {}
+        if batch_idx is None:
+            self.communicate = None
+        else:
+            self.communicate = (
+                not self._managed_training or (batch_idx + 1) % self._aggregation_frequency == 0
+            )
 
     # ------------------------------------------------------------------ defaults
     def _set_default_gradient_compression(self, gradient_compression: bool) -> None:
@@ -107,6 +133,8 @@ class _OptimMixin:
                 logger.warning("wrap_model: DDP arguments ignored (%s)", why)
         setattr(self._main_model, f"model_{len(self.models)}", model)
         self.models.append(model)
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            self._ddp_models.append(model)
         return model
 
     def wrap_optimizer(
@@ -260,9 +288,9 @@ class _OptimMixin:
         all-reduced and the optimizer steps only then)."""
         if not self._managed_training:
             return True
-        if self._current_batch_idx is None:
+        if self.communicate is None:
             raise errors.InternalException("Training hasn't started.")
-        return (self._current_batch_idx + 1) % self._aggregation_frequency == 0
+        return self.communicate
 
     def backward(
         self,
@@ -282,7 +310,7 @@ class _OptimMixin:
             return
         if self._use_amp:
             loss = self._scaler.scale(loss)
-        ddp = [m for m in self.models if isinstance(m, nn.parallel.DistributedDataParallel)]
+        ddp = self._ddp_models
         if not ddp or not self._managed_training or self._should_communicate_and_update():
             loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
             return
@@ -302,6 +330,13 @@ class _OptimMixin:
     @staticmethod
     def _parameters(optimizer: torch.optim.Optimizer) -> list[Any]:
         return [p for group in optimizer.param_groups for p in group.get("params", [])]
+
+    @staticmethod
+    def _step(optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+        if scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
 
     def step_optimizer(
         self,
@@ -330,13 +365,11 @@ class _OptimMixin:
                 self._scaler.unscale_(optimizer)
             clip_grads(iter(self._parameters(optimizer)))
         step_scaler = scaler if scaler is not None else (self._scaler if self._use_amp else None)
-        with contextlib.ExitStack() as stack:
-            if self._use_horovod:  # already synchronized above
-                stack.enter_context(optimizer.skip_synchronize())  # type: ignore[attr-defined]
-            if step_scaler is not None:
-                step_scaler.step(optimizer)
-            else:
-                optimizer.step()
+        if self._use_horovod:  # already synchronized above
+            with optimizer.skip_synchronize():  # type: ignore[attr-defined]
+                self._step(optimizer, step_scaler)
+        else:
+            self._step(optimizer, step_scaler)
         if auto_zero_grads:
             optimizer.zero_grad()
 

@@ -3,8 +3,11 @@
 The loop trains batch after batch until a boundary (max_length, validation,
 checkpoint or reporting period) is reached; that ends a "workload": training
 metrics are aggregated and reported, then each reached boundary is acted on
-in order (spec 3.3/3.4). Validation lives in ``_ctl_validation``, checkpoint
-save/restore in ``_ctl_checkpoint``.
+in order (spec 3.3/3.4). It owns the trial's counters (``state``) and four
+collaborators, each with its own state: ``BatchStep`` (one batch),
+``TrainingMetrics`` (a workload's metrics), ``Validator`` (with the
+``CheckpointPolicy``) and ``Checkpointer`` (save/restore). The context owns
+the fifth, ``Optimization`` (wrapped objects, backward/step, AMP).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -23,23 +25,21 @@ import torch
 from determined_launch import errors
 from determined_launch._user import InvalidHP
 from determined_launch.pytorch import _units
-from determined_launch.pytorch._callback import (
-    PyTorchCallback,
-    _epoch_start_takes_no_index,
-    _overrides,
-)
-from determined_launch.pytorch._ctl_batch import _BatchMixin
-from determined_launch.pytorch._ctl_checkpoint import _CheckpointMixin
-from determined_launch.pytorch._ctl_metrics import _MetricsMixin
-from determined_launch.pytorch._data import DataLoader, _dataset_repro_warning
-from determined_launch.pytorch._progress import Progress
-from determined_launch.pytorch._trial import (
+from determined_launch.pytorch._units import TrainUnit, _TrainBoundary, _TrainBoundaryType
+from determined_launch.pytorch.api.callback import PyTorchCallback, _overrides
+from determined_launch.pytorch.api.trial import (
     PyTorchTrial,
     _evaluate_batch_defined,
     _evaluate_full_dataset_defined,
     _TrialState,
 )
-from determined_launch.pytorch._units import TrainUnit, _TrainBoundary, _TrainBoundaryType
+from determined_launch.pytorch.checkpoints.checkpointer import Checkpointer
+from determined_launch.pytorch.checkpoints.policy import CheckpointPolicy
+from determined_launch.pytorch.data.loops import build_loaders, training_batches
+from determined_launch.pytorch.loop.batch_step import BatchStep
+from determined_launch.pytorch.loop.progress import Progress
+from determined_launch.pytorch.metrics.training import TrainingMetrics
+from determined_launch.pytorch.metrics.validation import Validator
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -52,7 +52,7 @@ class _ShouldExit(Exception):
         self.skip_exit_checkpoint = skip_exit_checkpoint
 
 
-class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
+class _PyTorchTrialController:
     def __init__(
         self,
         trial_inst: PyTorchTrial,
@@ -131,10 +131,20 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
         self.last_validation_metrics: Optional[dict[str, Any]] = None
         self._preempt_polled = False
         self._progress = Progress(max_length, is_chief=self.is_chief)
-        self._warned_nan = False
-        self._legacy_epoch_start = {
-            name: _epoch_start_takes_no_index(cb) for name, cb in self.callbacks.items()
-        }
+
+        self.batch_step = BatchStep(self.trial, self.context, self.callbacks)
+        self.training_metrics = TrainingMetrics(self.context, self.core_context, self.callbacks)
+        self.checkpoint_policy = CheckpointPolicy(
+            checkpoint_policy, searcher_metric_name, smaller_is_better, self.core_context
+        )
+        self.validator = Validator(
+            self.trial, self.context, self.core_context, self.callbacks,
+            self.checkpoint_policy, test_mode,
+        )
+        self.checkpointer = Checkpointer(
+            self.trial, self.context, self.core_context, self.callbacks, self.trial_id
+        )
+        self.latest_storage_id: Optional[str] = None
 
     # ------------------------------------------------------------ class hooks
     @classmethod
@@ -163,68 +173,19 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             )
 
     # ------------------------------------------------------------ data loaders
-    def _checked_loader(self, data: Any, builder: str) -> Any:
-        """A torch loader from a non-det loader, after the reproducibility check."""
-        if not self.context.experimental._data_repro_checks_disabled:
-            raise RuntimeError(_dataset_repro_warning(builder, data))
-        return data
-
     def _set_data_loaders(self) -> None:
-        dist = self.context.distributed
-        seed = self.context._trial_seed
-        train_data = self.trial.build_training_data_loader()
-        if isinstance(train_data, DataLoader):
-            self.training_loader = train_data.get_data_loader(
-                repeat=True, skip=self.steps_completed, num_replicas=dist.size, rank=dist.rank,
-                seed=seed,
-            )
-        else:
-            self.training_loader = self._checked_loader(train_data, "build_training_data_loader")
-        try:
-            epoch_len = len(self.training_loader)
-        except TypeError:
-            epoch_len = sys.maxsize
-        epoch_len = dist.broadcast(epoch_len)
-        if epoch_len < 1:
-            raise ValueError(
-                "the training data loader is empty (0 batches per rank): give the dataset at "
-                "least global_batch_size records (and drop_last=False if it is shorter)"
-            )
-        self.context._epoch_len = epoch_len
-
-        self.validation_loader = None
-        val_data = self.trial.build_validation_data_loader()
-        sharded = _evaluate_batch_defined(self.trial)
-        if isinstance(val_data, DataLoader):
-            if sharded:
-                self.validation_loader = val_data.get_data_loader(
-                    repeat=False, skip=0, num_replicas=dist.size, rank=dist.rank, seed=seed
-                )
-            elif self.is_chief:
-                self.validation_loader = val_data.get_data_loader(
-                    repeat=False, skip=0, num_replicas=1, rank=0, seed=seed
-                )
-        elif sharded or self.is_chief:
-            self.validation_loader = self._checked_loader(val_data, "build_validation_data_loader")
+        self.training_loader, self.validation_loader = build_loaders(
+            self.trial, self.context, self.steps_completed
+        )
 
     def _training_batches(self) -> Iterator[Any]:
-        """The training iterator, re-iterated when a finite custom loader ends
-        (FIX-13: upstream would stop yielding and spin)."""
-        iterator = self.training_iterator
-        while True:
-            yielded = False
-            for batch in iterator:  # type: ignore[union-attr]
-                yielded = True
-                yield batch
-            if not yielded:
-                raise ValueError(
-                    "the training data loader yielded no batches; give it at least one batch"
-                )
-            iterator = iter(self.training_loader)
+        return training_batches(self.training_iterator, self.training_loader)
 
     # ------------------------------------------------------------ run
     def run(self) -> None:
-        self.steps_completed = self._resume_offset()
+        self.steps_completed = self.checkpointer.resume_offset(
+            self.latest_checkpoint, self.steps_completed
+        )
         self.context._steps_completed = self.steps_completed
         with contextlib.ExitStack() as exit_stack:
             for callback in self.callbacks.values():
@@ -237,7 +198,7 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             exit_stack.callback(self._cleanup_iterator)
             if self.latest_checkpoint is not None:
                 logger.info("Restoring trial from checkpoint %s", self.latest_checkpoint)
-                with self._restore_path(self.latest_checkpoint) as load_path:
+                with self.checkpointer.restore_path(self.latest_checkpoint) as load_path:
                     self._load(load_path)
             if self.context._use_horovod:
                 self._broadcast_horovod_state()
@@ -265,6 +226,36 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
         # Shuts down DataLoader workers now rather than at garbage collection.
         self.training_iterator = None
 
+    # ------------------------------------------------------------ collaborators
+    # The names Determined's tests call on the controller, passed on.
+    def _end_workload(self, per_batch: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.training_metrics.end_workload(
+            per_batch, self.state.batches_trained, self.state.epochs_trained, self._progress
+        )
+
+    def _validation_is_current(self) -> bool:
+        return bool(self.state.last_val == self.state.batches_trained)
+
+    def _validate(self, searcher_op: Any = None) -> dict[str, Any]:
+        """Validate; checkpoint too when the checkpoint policy asks for it."""
+        metrics, should_checkpoint = self.validator.validate(
+            self.validation_loader, self.state, self._progress
+        )
+        self.last_validation_metrics = metrics
+        if should_checkpoint:
+            self._checkpoint(already_exiting=False)
+        return metrics
+
+    def _checkpoint_is_current(self) -> bool:
+        return bool(self.state.last_ckpt == self.state.batches_trained)
+
+    def _checkpoint(self, already_exiting: bool) -> None:
+        self.latest_storage_id = self.checkpointer.save(self.state, already_exiting)
+
+    def _load(self, load_path: Any) -> None:
+        self.state = self.checkpointer.load(load_path)
+
+    # ------------------------------------------------------------ the loop
     def _run(self) -> None:
         try:
             if (
@@ -355,31 +346,45 @@ class _PyTorchTrialController(_BatchMixin, _MetricsMixin, _CheckpointMixin):
             model.train()
         self.context.reset_reducers()
         epoch_len = self.context._epoch_len
-        preempt = self.core_context.preempt
+        poll = self.core_context.preempt.should_preempt
+        step = self.batch_step
+        state = self.state
+        batch_done = self._progress.batch_done
+        test_mode = self.test_mode
+        # The boundaries are tested at the first batch, then only at the batch
+        # count where the next one can be reached (the per-batch path stays short).
+        stop_at = -1
         per_batch: list[dict[str, Any]] = []
+        keys: Any = None
         for batch_idx, batch in training_enumerator:
             epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
             if in_epoch == 0:
-                self._on_epoch_start(epoch_idx)
-            metrics = self._train_batch(batch, epoch_idx, batch_idx)
-            if per_batch and metrics.keys() != per_batch[0].keys():
+                step.epoch_start(epoch_idx)
+            metrics = step(batch, epoch_idx, batch_idx)
+            if keys is None:
+                keys = metrics.keys()
+            elif metrics.keys() != keys:
                 raise ValueError(
                     f"train_batch returned metric keys {sorted(metrics)} at batch {batch_idx} "
-                    f"but {sorted(per_batch[0])} earlier; return the same keys every batch"
+                    f"but {sorted(keys)} earlier; return the same keys every batch"
                 )
             per_batch.append(metrics)
-            self.state.batches_trained += 1
-            self._progress.batch_done(self.state.batches_trained, self.state.epochs_trained)
+            state.batches_trained += 1
+            batch_done(state.batches_trained, state.epochs_trained)
             if in_epoch == epoch_len - 1:
-                for callback in self.callbacks.values():
-                    callback.on_training_epoch_end(epoch_idx)
-                self.state.epochs_trained += 1
-            reached = _units.check_boundaries(
-                train_boundaries, batch_idx, epoch_len, test_mode=self.test_mode
-            )
+                step.epoch_end(epoch_idx)
+                state.epochs_trained += 1
+            reached = False
+            if batch_idx >= stop_at - 1:
+                reached = _units.check_boundaries(
+                    train_boundaries, batch_idx, epoch_len, test_mode=test_mode
+                )
+                stop_at = _units.next_boundary(
+                    train_boundaries, batch_idx + 1, epoch_len, test_mode=test_mode
+                )
             # FIX-12: a cheap, rank-synchronized poll every batch, so a
             # preemption lands within about a batch, not a reporting period.
-            if preempt.should_preempt(block=False):
+            if poll(block=False):
                 self._preempt_polled = True
                 reached = True
             if reached:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from determined_launch import errors
-from determined_launch.pytorch._reducer import Reducer, _simple_reduce_metrics
+from determined_launch.pytorch.metrics.reducer import Reducer, _simple_reduce_metrics
 
 
 class _Gatherer(Protocol):

@@ -38,7 +38,8 @@ from typing import Any, Optional, Union, cast
 import numpy as np
 import torch
 
-from determined_launch.pytorch._ckpt_meta import (
+from determined_launch.pytorch.checkpoints.code_copy import CodeCopyStats, copy_code
+from determined_launch.pytorch.checkpoints.meta import (
     LEGACY_TRIAL_STATE_FILE,
     LOAD_DATA_FILE,
     METADATA_FILE,
@@ -51,7 +52,6 @@ from determined_launch.pytorch._ckpt_meta import (
     write_load_data,
     write_trial_state,
 )
-from determined_launch.pytorch._code_copy import CodeCopyStats, copy_code
 
 logger = logging.getLogger("determined_launch.pytorch")
 

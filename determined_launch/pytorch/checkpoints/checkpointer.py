@@ -1,7 +1,9 @@
-"""Checkpoint save and restore for the controller (spec 3.10, format section 4).
+"""``Checkpointer``: save and restore the loop's state (spec 3.10, format section 4).
 
 Saving goes through ``core_context.checkpoint.store_path`` (atomic commit);
-the files are Determined's, written by ``_checkpoint_io``.
+the files are Determined's, written by ``checkpoints.files``. The trial's
+counters (``_TrialState``) belong to the loop: ``save`` takes them, ``load``
+returns them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any, Optional
 import torch
 
 from determined_launch.core._rundir import read_jsonl
-from determined_launch.pytorch import _checkpoint_io as cio
+from determined_launch.pytorch.api.trial import _state_from_dict, _TrialState
+from determined_launch.pytorch.checkpoints import files as cio
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -30,20 +33,26 @@ def _version() -> str:
         return "0+local"
 
 
-class _CheckpointMixin:
-    context: Any
-    core_context: Any
-    trial: Any
-    state: Any
-    callbacks: dict[str, Any]
-    is_chief: bool
-    trial_id: int
-    latest_checkpoint: Optional[str]
-    steps_completed: int
+class Checkpointer:
+    """Writes and reads checkpoints of ``trial`` (its context's wrapped objects
+    and callbacks' states) for trial ``trial_id``."""
+
+    def __init__(
+        self, trial: Any, context: Any, core_context: Any, callbacks: dict[str, Any],
+        trial_id: int,
+    ) -> None:
+        self.trial = trial
+        self.context = context
+        self.core_context = core_context
+        self.callbacks = callbacks
+        self.trial_id = trial_id
+        self.is_chief = context.distributed.rank == 0
+        #: storage id of the newest checkpoint this checkpointer saved
+        self.latest_storage_id: Optional[str] = None
 
     # ------------------------------------------------------------ where
     @contextlib.contextmanager
-    def _restore_path(self, checkpoint: str) -> Iterator[pathlib.Path]:
+    def restore_path(self, checkpoint: str) -> Iterator[pathlib.Path]:
         """A checkpoint directory (FIX-10) or a storage id in our storage."""
         if os.path.isdir(checkpoint):
             yield pathlib.Path(checkpoint)
@@ -62,13 +71,13 @@ class _CheckpointMixin:
             return False
         return True
 
-    def _resume_offset(self) -> int:
+    def resume_offset(self, latest_checkpoint: Optional[str], steps_completed: int) -> int:
         """FIX-1: the batch index to resume from, read before anything is built,
         because callbacks, the data loader skip and period arithmetic need it.
         0 for a fresh start or a checkpoint of another trial (warm start)."""
-        if self.latest_checkpoint is None:
-            return self.steps_completed
-        with self._restore_path(self.latest_checkpoint) as path:
+        if latest_checkpoint is None:
+            return steps_completed
+        with self.restore_path(latest_checkpoint) as path:
             saved = cio.read_trial_state(path)
         if saved is None:
             return 0
@@ -78,24 +87,23 @@ class _CheckpointMixin:
         return int(saved.get("batches_trained") or 0)
 
     # ------------------------------------------------------------ save
-    def _checkpoint_is_current(self) -> bool:
-        return bool(self.state.last_ckpt == self.state.batches_trained)
-
-    def _checkpoint(self, already_exiting: bool) -> None:
-        self.state.last_ckpt = self.state.batches_trained
+    def save(self, state: _TrialState, already_exiting: bool) -> str:
+        """Checkpoint at ``state.batches_trained`` (all ranks call it; the chief
+        writes); returns the storage id, on every rank."""
+        state.last_ckpt = state.batches_trained
         dist = self.context.distributed
         uuid = ""
         if self.is_chief:
             metadata = {
                 "determined_version": _version(),
-                "steps_completed": self.state.batches_trained,
+                "steps_completed": state.batches_trained,
                 "framework": f"torch-{torch.__version__}",
                 "format": "pickle",
                 "trial_id": self.trial_id,
                 "trial_seed": self.context._trial_seed,
             }
             with self.core_context.checkpoint.store_path(metadata) as (path, storage_id):
-                self._save(pathlib.Path(path))
+                self._save(pathlib.Path(path), state)
                 uuid = storage_id
         if dist.size > 1:
             uuid = dist.broadcast(uuid)
@@ -104,10 +112,12 @@ class _CheckpointMixin:
             callback.on_checkpoint_upload_end(uuid=uuid)
         if already_exiting:
             logger.info("saved checkpoint %s at batch %d before exiting", uuid,
-                        self.state.batches_trained)
+                        state.batches_trained)
+        return uuid
 
-    def _save(self, path: pathlib.Path) -> None:
+    def _save(self, path: pathlib.Path, state: _TrialState) -> None:
         ctx = self.context
+        optim = ctx._optim
         storage = getattr(self.core_context.checkpoint, "storage_dir", None)
         run_dir = getattr(self.core_context, "run_dir", None)
         exclude = [p for p in (storage, run_dir) if p is not None]
@@ -119,19 +129,19 @@ class _CheckpointMixin:
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
             "rng_state": cio.rng_state(getattr(ctx.distributed, "local_rank", 0)),
         }
-        if ctx._scaler is not None:
-            ckpt["scaler_state_dict"] = ctx._scaler.state_dict()
-        if ctx._use_apex:
+        if optim._scaler is not None:
+            ckpt["scaler_state_dict"] = optim._scaler.state_dict()
+        if optim._use_apex:
             import apex
 
             ckpt["amp_state"] = apex.amp.state_dict()
         for callback in self.callbacks.values():
             callback.on_checkpoint_save_start(ckpt)
         cio.save_state(ckpt, path)
-        cio.write_trial_state(path, vars(self.state))
+        cio.write_trial_state(path, vars(state))
         cio.write_load_data(
             path, type(self.trial), ctx._hparams, ctx._exp_conf,
-            is_trainer=not ctx._is_pre_trainer,
+            is_trainer=not optim._is_pre_trainer,
         )
         for callback in self.callbacks.values():
             callback.on_checkpoint_end(str(path))
@@ -139,10 +149,11 @@ class _CheckpointMixin:
             callback.on_checkpoint_write_end(str(path))
 
     # ------------------------------------------------------------ restore
-    def _load(self, load_path: pathlib.Path) -> None:
-        from determined_launch.pytorch._trial import _state_from_dict
-
+    def load(self, load_path: pathlib.Path) -> _TrialState:
+        """Restore everything from ``load_path``; returns the trial's counters
+        (fresh ones for another trial's checkpoint: a warm start)."""
         ctx = self.context
+        optim = ctx._optim
         load_path = pathlib.Path(load_path)
         ckpt = cio.load_state(load_path, trusted=self._is_trusted(load_path))
         for callback in self.callbacks.values():
@@ -151,14 +162,14 @@ class _CheckpointMixin:
         self._load_list(ckpt, "optimizers_state_dict", "optimizer_state_dict", ctx.optimizers)
         self._load_list(ckpt, "lr_schedulers_state_dict", "lr_scheduler", ctx.lr_schedulers)
         if "scaler_state_dict" in ckpt:
-            if ctx._scaler is not None:
-                ctx._scaler.load_state_dict(ckpt["scaler_state_dict"])
+            if optim._scaler is not None:
+                optim._scaler.load_state_dict(ckpt["scaler_state_dict"])
             else:
                 logger.warning("the checkpoint has a GradScaler state but no scaler was wrapped; "
                                "ignoring it")
-        elif ctx._scaler is not None:
+        elif optim._scaler is not None:
             logger.warning("a GradScaler was wrapped but the checkpoint has no scaler state")
-        if "amp_state" in ckpt and ctx._use_apex:
+        if "amp_state" in ckpt and optim._use_apex:
             import apex
 
             apex.amp.load_state_dict(ckpt["amp_state"])
@@ -175,13 +186,14 @@ class _CheckpointMixin:
         saved = cio.read_trial_state(load_path, epoch_len=ctx._epoch_len)
         saved_id = saved.get("trial_id") if saved else None
         if saved and (saved_id is None or int(saved_id) == self.trial_id):
-            self.state = _state_from_dict(saved, self.trial_id)
-            self.state.trial_id = self.trial_id
+            state = _state_from_dict(saved, self.trial_id)
+            state.trial_id = self.trial_id
         else:
             # Another trial's checkpoint: warm start (weights only), counters from zero.
-            self.state = _state_from_dict(None, self.trial_id)
-        if self.state.batches_trained and self.state.batches_trained == self._last_validation():
-            self.state.last_val = self.state.batches_trained
+            state = _state_from_dict(None, self.trial_id)
+        if state.batches_trained and state.batches_trained == self._last_validation():
+            state.last_val = state.batches_trained
+        return state
 
     def _load_models(self, ckpt: dict[str, Any]) -> None:
         models = self.context.models
@@ -243,6 +255,6 @@ class _CheckpointMixin:
 
 
 def _base_load_state_dict() -> Any:
-    from determined_launch.pytorch._callback import PyTorchCallback
+    from determined_launch.pytorch.api.callback import PyTorchCallback
 
     return PyTorchCallback.load_state_dict

@@ -1,6 +1,6 @@
 """``PyTorchTrial``, the class users subclass, and ``_TrialState``, the
 counters a checkpoint carries. The loop that drives a trial is
-``_controller._PyTorchTrialController``."""
+``loop.controller._PyTorchTrialController``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from determined_launch.pytorch._context import PyTorchTrialContext
-from determined_launch.pytorch._data import DataLoader, data_length
-from determined_launch.pytorch._reducer import Reducer
+from determined_launch.pytorch.api.context import PyTorchTrialContext
+from determined_launch.pytorch.data.loader import DataLoader, data_length
+from determined_launch.pytorch.metrics.reducer import Reducer
 
 if TYPE_CHECKING:
-    from determined_launch.pytorch._callback import PyTorchCallback
+    from determined_launch.pytorch.api.callback import PyTorchCallback
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ class PyTorchTrial(metaclass=abc.ABCMeta):
     exactly one of ``evaluate_batch`` or ``evaluate_full_dataset``."""
 
     trial_context_class = PyTorchTrialContext
-    #: set by ``_controller`` (which imports this module, never the reverse);
+    #: set by ``loop.controller`` (which imports this module, never the reverse);
     #: importing the package imports both
     trial_controller_class: Any = None
 

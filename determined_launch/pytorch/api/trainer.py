@@ -24,12 +24,14 @@ from determined_launch import core
 from determined_launch._user import show_info_logs
 from determined_launch.core._context import resolve_info
 from determined_launch.core.distributed import DistributedContext
-from determined_launch.pytorch._checkpoint_io import find_state_file
-from determined_launch.pytorch._compat import _InitHandle, _Seed002Mixin
-from determined_launch.pytorch._context import PyTorchTrialContext, shard_batch_size
-from determined_launch.pytorch._teardown import end_process_group
-from determined_launch.pytorch._trial import PyTorchTrial
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
+from determined_launch.pytorch.api import seed002
+from determined_launch.pytorch.api.context import PyTorchTrialContext
+from determined_launch.pytorch.api.seed002 import _InitHandle
+from determined_launch.pytorch.api.trial import PyTorchTrial
+from determined_launch.pytorch.checkpoints.files import find_state_file
+from determined_launch.pytorch.data.batch_sizes import shard_batch_size
+from determined_launch.pytorch.loop.teardown import end_process_group
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -137,7 +139,7 @@ def _init(
         with core_context:
             dist = core_context.distributed
             trial_seed = _resolve_seed(info, seed, exp_conf, dist)
-            from determined_launch.pytorch._controller import _PyTorchTrialController
+            from determined_launch.pytorch.loop.controller import _PyTorchTrialController
 
             _PyTorchTrialController._set_random_seeds(trial_seed)
             num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -345,4 +347,4 @@ class Trainer:
 
 
 # ``ctx.train(...)`` (seed 002) builds a Trainer; bound here, above the context.
-_Seed002Mixin.trainer_class = Trainer
+seed002.bind(trainer_class=Trainer)

@@ -1,0 +1,78 @@
+"""The loop's data: training and validation loaders built from the trial
+(spec 3.12), and the endless training batch stream."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any, Optional
+
+from determined_launch.pytorch.api.trial import _evaluate_batch_defined
+from determined_launch.pytorch.data.loader import DataLoader, _dataset_repro_warning
+
+
+def _checked_loader(context: Any, data: Any, builder: str) -> Any:
+    """A torch loader from a non-det loader, after the reproducibility check."""
+    if not context.experimental._data_repro_checks_disabled:
+        raise RuntimeError(_dataset_repro_warning(builder, data))
+    return data
+
+
+def build_loaders(trial: Any, context: Any, steps_completed: int) -> tuple[Any, Optional[Any]]:
+    """``(training_loader, validation_loader)``; sets ``context._epoch_len`` (the
+    chief's, on every rank). The training loader repeats, is sharded and skips
+    the ``steps_completed`` batches already trained; validation is sharded
+    for ``evaluate_batch``, the chief's alone for ``evaluate_full_dataset``."""
+    dist = context.distributed
+    is_chief = dist.rank == 0
+    seed = context._trial_seed
+    train_data = trial.build_training_data_loader()
+    if isinstance(train_data, DataLoader):
+        training_loader = train_data.get_data_loader(
+            repeat=True, skip=steps_completed, num_replicas=dist.size, rank=dist.rank,
+            seed=seed,
+        )
+    else:
+        training_loader = _checked_loader(context, train_data, "build_training_data_loader")
+    try:
+        epoch_len = len(training_loader)
+    except TypeError:
+        epoch_len = sys.maxsize
+    epoch_len = dist.broadcast(epoch_len)
+    if epoch_len < 1:
+        raise ValueError(
+            "the training data loader is empty (0 batches per rank): give the dataset at "
+            "least global_batch_size records (and drop_last=False if it is shorter)"
+        )
+    context._epoch_len = epoch_len
+
+    validation_loader = None
+    val_data = trial.build_validation_data_loader()
+    sharded = _evaluate_batch_defined(trial)
+    if isinstance(val_data, DataLoader):
+        if sharded:
+            validation_loader = val_data.get_data_loader(
+                repeat=False, skip=0, num_replicas=dist.size, rank=dist.rank, seed=seed
+            )
+        elif is_chief:
+            validation_loader = val_data.get_data_loader(
+                repeat=False, skip=0, num_replicas=1, rank=0, seed=seed
+            )
+    elif sharded or is_chief:
+        validation_loader = _checked_loader(context, val_data, "build_validation_data_loader")
+    return training_loader, validation_loader
+
+
+def training_batches(iterator: Any, loader: Any) -> Iterator[Any]:
+    """``iterator``'s batches, then the loader's again whenever a finite custom
+    loader ends (FIX-13: upstream would stop yielding and spin)."""
+    while True:
+        yielded = False
+        for batch in iterator:
+            yielded = True
+            yield batch
+        if not yielded:
+            raise ValueError(
+                "the training data loader yielded no batches; give it at least one batch"
+            )
+        iterator = iter(loader)

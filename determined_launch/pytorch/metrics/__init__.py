@@ -1,0 +1,1 @@
+"""Metrics: reducers, training-metric aggregation, validation, TensorBoard."""

@@ -1,0 +1,228 @@
+"""The training loop's collaborators, each alone: the boundary arithmetic, the
+``Optimization`` (aggregation window, backward/step), the ``BatchStep``, the
+``CheckpointPolicy`` and the ``Checkpointer`` (save, then load into a fresh
+context). Fast: no Trainer, no launcher."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any, Optional
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from determined_launch import core, errors  # noqa: E402
+from determined_launch.pytorch import _units  # noqa: E402
+from determined_launch.pytorch._units import (  # noqa: E402
+    Batch,
+    Epoch,
+    _TrainBoundary,
+    _TrainBoundaryType,
+)
+from determined_launch.pytorch.api.context import PyTorchTrialContext  # noqa: E402
+from determined_launch.pytorch.api.lr_scheduler import LRScheduler  # noqa: E402
+from determined_launch.pytorch.api.trial import _TrialState  # noqa: E402
+from determined_launch.pytorch.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from determined_launch.pytorch.checkpoints.policy import CheckpointPolicy  # noqa: E402
+from determined_launch.pytorch.loop.batch_step import BatchStep  # noqa: E402
+from determined_launch.pytorch.optim.optimization import Optimization  # noqa: E402
+
+
+def _boundaries(*units: Any) -> list[_TrainBoundary]:
+    kinds = [_TrainBoundaryType.TRAIN, _TrainBoundaryType.VALIDATE,
+             _TrainBoundaryType.CHECKPOINT, _TrainBoundaryType.REPORT]
+    return [_TrainBoundary(kind, unit) for kind, unit in zip(kinds, units)]
+
+
+@pytest.mark.parametrize("units, epoch_len, test_mode", [
+    ((Batch(100), Batch(7), Batch(sys.maxsize), Batch(10)), 16, False),
+    ((Epoch(3), Batch(0), Epoch(2), Batch(5)), 4, False),
+    ((Batch(50), Batch([3, 9, 20]), Batch(11), Batch(4)), 6, False),
+    ((Batch(50), Batch(13), Batch(17), Batch(100)), 5, True),
+])
+def test_next_boundary_never_skips_a_reached_boundary(
+    units: tuple[Any, ...], epoch_len: int, test_mode: bool
+) -> None:
+    """The loop tests boundaries only at ``next_boundary``: every count where
+    ``check_boundaries`` finds one reached must be that count."""
+    boundaries = _boundaries(*units)
+    count = 0
+    stop_at = _units.next_boundary(boundaries, count, epoch_len, test_mode=test_mode)
+    for batch_idx in range(60):
+        reached = _units.check_boundaries(boundaries, batch_idx, epoch_len, test_mode=test_mode)
+        for b in boundaries:
+            b.limit_reached = False
+        if reached:
+            assert batch_idx + 1 == stop_at, (batch_idx, stop_at)
+        if batch_idx + 1 >= stop_at:
+            stop_at = _units.next_boundary(boundaries, batch_idx + 1, epoch_len,
+                                           test_mode=test_mode)
+        assert stop_at > batch_idx + 1
+
+
+def test_next_boundary_skips_to_the_nearest_period() -> None:
+    boundaries = _boundaries(Batch(1000), Batch(sys.maxsize), Epoch(1), Batch(100))
+    assert _units.next_boundary(boundaries, 0, 64) == 64  # the epoch ends first
+    assert _units.next_boundary(boundaries, 64, 64) == 100
+    assert _units.next_boundary(boundaries, 100, 1000) == 200
+
+
+class _Dist:
+    size, rank, local_rank = 1, 0, 0
+
+
+def test_optimization_steps_at_the_end_of_each_aggregation_window() -> None:
+    optim = Optimization(torch.device("cpu"), _Dist(), managed_training=True,
+                         aggregation_frequency=2)
+    with pytest.raises(errors.InternalException):
+        optim._should_communicate_and_update()  # before the first batch
+    model = optim.wrap_model(torch.nn.Linear(1, 1, bias=False))
+    torch.nn.init.zeros_(model.weight)
+    opt = optim.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    weights = []
+    for batch_idx in range(4):
+        optim.start_batch(batch_idx)
+        loss = (model(torch.ones(1, 1)) - 1.0).pow(2).sum()  # d/dw = 2(w-1)
+        optim.backward(loss)
+        optim.step_optimizer(opt)
+        weights.append(float(model.weight.detach()))
+    # batch 0 accumulates, batch 1 steps with the averaged gradient -2: w = 2
+    assert weights[0] == 0.0 and weights[1] == pytest.approx(2.0)
+    assert weights[2] == pytest.approx(2.0) and weights[3] == pytest.approx(0.0)
+    assert optim.models == [model] and optim.optimizers == [opt]
+
+
+def test_optimization_rejects_a_bad_aggregation_frequency() -> None:
+    with pytest.raises(errors.InvalidExperimentException, match="aggregation_frequency"):
+        Optimization(torch.device("cpu"), _Dist(), True, 0)
+
+
+def _context(core_context: Any, aggregation_frequency: int = 1) -> PyTorchTrialContext:
+    return PyTorchTrialContext(
+        core_context, trial_seed=1, hparams={"global_batch_size": 2}, slots_per_trial=1,
+        num_gpus=0, exp_conf=None, aggregation_frequency=aggregation_frequency,
+        steps_completed=0, managed_training=True, debug_enabled=False,
+    )
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def on_training_epoch_start(self, epoch_idx: int) -> None:
+        self.calls.append(("start", epoch_idx))
+
+    def on_training_epoch_end(self, epoch_idx: int) -> None:
+        self.calls.append(("end", epoch_idx))
+
+
+def test_batch_step_trains_converts_and_steps_schedulers() -> None:
+    with core._dummy_init() as core_context:
+        ctx = _context(core_context)
+        ctx._epoch_len = 4
+        model = ctx.wrap_model(torch.nn.Linear(1, 1, bias=False))
+        opt = ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        ctx.wrap_lr_scheduler(sched, step_mode=LRScheduler.StepMode.STEP_EVERY_BATCH)
+        seen: list[tuple[int, int]] = []
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                seen.append((epoch_idx, batch_idx))
+                loss = model(batch).sum()
+                ctx.backward(loss)
+                ctx.step_optimizer(opt)
+                return loss
+
+        recorder = _Recorder()
+        step = BatchStep(Trial(), ctx, {"r": recorder})  # type: ignore[dict-item]
+        step.epoch_start(1)
+        metrics = step(torch.ones(2, 1), epoch_idx=1, batch_idx=5)
+        step.epoch_end(1)
+        assert seen == [(1, 5)] and ctx.current_train_batch() == 5
+        assert set(metrics) == {"loss"} and metrics["loss"].shape == ()  # 0-d ndarray
+        assert type(metrics["loss"]).__module__ == "numpy"
+        assert sched.get_last_lr() == [pytest.approx(0.05)]  # stepped once
+        assert recorder.calls == [("start", 1), ("end", 1)]
+
+
+def test_batch_step_rejects_a_non_dict_result() -> None:
+    with core._dummy_init() as core_context:
+        ctx = _context(core_context)
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                return [1.0]
+
+        with pytest.raises(TypeError, match="must return a torch.Tensor"):
+            BatchStep(Trial(), ctx, {})(torch.ones(1), 0, 0)
+
+
+class _Train:
+    def __init__(self, best: Optional[float]) -> None:
+        self.best = best
+
+    def get_experiment_best_validation(self) -> Optional[float]:
+        return self.best
+
+
+class _Core:
+    def __init__(self, best: Optional[float]) -> None:
+        self.train = _Train(best)
+        self.run_dir = None
+
+
+@pytest.mark.parametrize("policy, best, metrics, current, expected", [
+    ("all", None, {"loss": 1.0}, False, True),
+    ("all", None, {"loss": 1.0}, True, False),
+    ("none", None, {"loss": 1.0}, False, False),
+    ("best", None, {"loss": 1.0}, False, True),     # nothing to beat yet
+    ("best", 0.5, {"loss": 1.0}, False, False),     # smaller is better: worse
+    ("best", 2.0, {"loss": 1.0}, False, True),      # better
+    ("best", 2.0, {"loss": 1.0}, True, False),      # already current
+])
+def test_checkpoint_policy(policy: str, best: Optional[float], metrics: dict[str, Any],
+                           current: bool, expected: bool) -> None:
+    p = CheckpointPolicy(policy, "loss", smaller_is_better=True, core_context=_Core(best))
+    assert p.wants_checkpoint(metrics, checkpoint_is_current=current) is expected
+
+
+def test_checkpoint_policy_names_a_missing_searcher_metric() -> None:
+    p = CheckpointPolicy("best", "acc", smaller_is_better=False, core_context=_Core(None))
+    with pytest.raises(RuntimeError, match="'acc'"):
+        p.wants_checkpoint({"loss": 1.0}, checkpoint_is_current=False)
+
+
+def test_checkpointer_saves_and_loads_into_a_fresh_context(tmp_path: pathlib.Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DET_CHECKPOINT_CODE", "0")
+
+    class Trial:
+        pass
+
+    with core._dummy_init(checkpoint_storage=str(tmp_path / "ckpt")) as core_context:
+        ctx = _context(core_context)
+        model = ctx.wrap_model(torch.nn.Linear(2, 1))
+        ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        state = _TrialState(trial_id=0, batches_trained=7, epochs_trained=1)
+        uuid = Checkpointer(Trial(), ctx, core_context, {}, trial_id=0).save(state, False)
+        assert state.last_ckpt == 7 and uuid
+
+        fresh = _context(core_context)
+        other = fresh.wrap_model(torch.nn.Linear(2, 1))
+        fresh.wrap_optimizer(torch.optim.SGD(other.parameters(), lr=0.1))
+        fresh._epoch_len = 4
+        loader = Checkpointer(Trial(), fresh, core_context, {}, trial_id=0)
+        assert loader.resume_offset(uuid, 0) == 7
+        with loader.restore_path(uuid) as path:
+            restored = loader.load(path)
+        assert (restored.batches_trained, restored.epochs_trained, restored.last_ckpt) == (7, 1, 7)
+        assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
+        # another trial's checkpoint: weights only, counters from zero (warm start)
+        warm = Checkpointer(Trial(), fresh, core_context, {}, trial_id=3)
+        assert warm.resume_offset(uuid, 0) == 0
+        with warm.restore_path(uuid) as path:
+            assert warm.load(path).batches_trained == 0
