@@ -70,21 +70,30 @@ class _PlainLoop:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.loader = torch.utils.data.DataLoader(_dataset(torch), batch_size=_size()[0])
         self._it = iter(self.loader)
+        #: CPU time per batch outside the model's step (fetching the batch, the
+        #: loss as a number, the mean), as ``_between`` measures it for a Trainer
+        self.between: list[float] = []
 
-    def run(self, batches: int) -> None:
+    def run(self, batches: int, record: bool = False) -> None:
         cross_entropy = self._torch.nn.functional.cross_entropy
         model, opt = self.model, self.opt
         losses: list[float] = []
+        clock = time.process_time
+        last = None
         for _ in range(batches):
             try:
                 x, y = next(self._it)
             except StopIteration:
                 self._it = iter(self.loader)
                 x, y = next(self._it)
+            now = clock()
+            if record and last is not None:
+                self.between.append(now - last)
             loss = cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            last = clock()
             losses.append(loss.item())
             if len(losses) == 100:
                 _ = float(self._mean(losses))
@@ -107,7 +116,7 @@ def _trial_class(
 ) -> type:
     """One trial class for ours and Determined's (``pytorch`` is either module)."""
 
-    plain = _PlainLoop(torch)
+    plain = marks["plain"] = _PlainLoop(torch)
 
     class Timer(pytorch.PyTorchCallback):
         """At each report (every WARMUP = 100 batches): close the Trainer's chunk,
@@ -124,9 +133,11 @@ def _trial_class(
             if prof is not None:
                 prof.disable()
             c0 = time.process_time()
-            plain.run(WARMUP)
+            plain.run(WARMUP, record="last_cpu" in marks)
             if "last_cpu" in marks:
                 chunks["plain_cpu"].append(time.process_time() - c0)
+                marks["plain_in_report"] = time.process_time() - c0
+            marks["report"] = True
             if prof is not None:
                 prof.enable()
             marks["last_cpu"], marks["last_wall"] = time.process_time(), time.perf_counter()
@@ -154,11 +165,20 @@ def _trial_class(
             )
 
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            now = time.process_time()
+            if "exit" in marks and "last_cpu" in marks:  # past the warm-up
+                between = now - marks["exit"]
+                if marks.pop("report", False):  # a report (and the plain chunk) in between
+                    chunks["report"].append(between - marks.pop("plain_in_report", 0.0))
+                else:
+                    chunks["between"].append(between)
             x, y = batch
             loss = torch.nn.functional.cross_entropy(self.model(x), y)
             self.context.backward(loss)
             self.context.step_optimizer(self.opt)
-            return {"loss": loss}
+            out = {"loss": loss}
+            marks["exit"] = time.process_time()
+            return out
 
         def evaluate_batch(self, batch: Any) -> Any:
             x, y = batch
@@ -182,7 +202,9 @@ def worker_trainer(
 
     logging.disable(logging.INFO)  # both sides log a line per report; not what we time
     marks: dict[str, Any] = {}
-    chunks: dict[str, list[float]] = {"cpu": [], "wall": [], "plain_cpu": []}
+    chunks: dict[str, list[float]] = {
+        "cpu": [], "wall": [], "plain_cpu": [], "between": [], "report": []
+    }
     calls: dict[str, list[int]] = {"poll": [], "blocking": []}
     with pytorch.init(
         hparams={"global_batch_size": _size()[0] * _world()}, enable_tensorboard_logging=False
@@ -207,6 +229,11 @@ def worker_trainer(
         "per_batch_s": sum(chunks["wall"]) / (batches - WARMUP),
         "cpu_per_batch_s": sum(chunks["cpu"]) / (batches - WARMUP),
         "plain_cpu_per_batch_s": sum(chunks["plain_cpu"]) / (batches - WARMUP),
+        # CPU time per batch between two train_batch calls (the loop's own work and
+        # the next batch's fetch), median; plus a report's extra cost spread over
+        # its period; and the same for the plain loop run in this process
+        "between_us": _between(chunks["between"], chunks["report"]),
+        "plain_between_us": _between(marks["plain"].between, []),
         # per pair of adjacent chunks: (Trainer - plain loop) per batch
         "paired_chunk_diffs_us": [
             (t - p) / WARMUP * 1e6 for t, p in zip(chunks["cpu"], chunks["plain_cpu"])
@@ -241,6 +268,17 @@ def _top_functions(prof: Any, n: int, batches: int) -> list[dict[str, Any]]:
     rows.sort(key=lambda r: -r["own_us_per_batch"])
     return [{"function": "TOTAL in determined_launch (own time)", "own_us_per_batch": ours_us},
             *rows[:n]]
+
+
+def _between(ordinary: list[float], reports: list[float]) -> float:
+    """Median per-batch CPU time between steps (µs), with the reports' extra
+    cost (median report interval minus the ordinary median) spread over the
+    WARMUP batches of a reporting period."""
+    if not ordinary:
+        return float("nan")
+    med = statistics.median(ordinary)
+    extra = (statistics.median(reports) - med) / WARMUP if reports else 0.0
+    return (med + extra) * 1e6
 
 
 def _world() -> int:

