@@ -72,6 +72,22 @@ def parallel() -> int:
     return _env_int(PARALLEL_ENV, DEFAULT_PARALLEL, 1)
 
 
+#: Not retried: a missing local file or refused credentials will not heal; an
+#: ``Exhausted`` piece was already retried on its own.
+_FINAL = (FileNotFoundError, PermissionError, Exhausted)
+
+
+def _backoff(e: Exception, attempt: int, tries: int, what: str) -> float:
+    """The delay before attempt ``attempt + 1`` after ``e``; re-raises ``e``
+    when it is final or was the last attempt."""
+    if isinstance(e, _FINAL) or attempt == tries:
+        raise e
+    delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
+    logger.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what,
+                   type(e).__name__, _first_line(e), attempt, tries - 1, delay)
+    return delay
+
+
 def with_retries(fn: Callable[[], object], what: str, *, tries: Optional[int] = None) -> None:
     """Run ``fn``; retry on any exception with backoff; re-raise the last one."""
     tries = tries or attempts()
@@ -79,15 +95,8 @@ def with_retries(fn: Callable[[], object], what: str, *, tries: Optional[int] = 
         try:
             fn()
             return
-        except (FileNotFoundError, PermissionError, Exhausted):
-            raise  # a missing local file or a refused credential will not heal
         except Exception as e:
-            if attempt == tries:
-                raise
-            delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
-            logger.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what,
-                           type(e).__name__, _first_line(e), attempt, tries - 1, delay)
-            time.sleep(delay)
+            time.sleep(_backoff(e, attempt, tries, what))
 
 
 async def retry_async(make: Callable[[], Awaitable[Any]], what: str, *,
@@ -98,15 +107,8 @@ async def retry_async(make: Callable[[], Awaitable[Any]], what: str, *,
     for attempt in range(1, tries + 1):
         try:
             return await make()
-        except (FileNotFoundError, PermissionError, Exhausted):
-            raise  # will not heal, or already retried piece by piece
         except Exception as e:
-            if attempt == tries:
-                raise
-            delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
-            logger.warning("%s failed (%s: %s); retry %d/%d in %.1f s", what,
-                           type(e).__name__, _first_line(e), attempt, tries - 1, delay)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_backoff(e, attempt, tries, what))
     raise AssertionError("unreachable")  # tries >= 1
 
 
