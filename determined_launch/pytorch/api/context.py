@@ -136,6 +136,10 @@ class PyTorchTrialContext:
         self._optim = Optimization(
             self.device, self.distributed, managed_training, aggregation_frequency
         )
+        # Called every batch: the Optimization's own bound methods, one call less
+        # than the class's pass-on (same signatures and behaviour).
+        self.backward = self._optim.backward
+        self.step_optimizer = self._optim.step_optimizer
         # The same lists the Optimization fills (wrap_model etc. append to them).
         self.models: list[nn.Module] = self._optim.models
         self.optimizers: list[torch.optim.Optimizer] = self._optim.optimizers

@@ -51,8 +51,9 @@ class BatchStep:
 
     def __call__(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         ctx = self._context
-        ctx._current_batch_idx = batch_idx  # also tells the Optimization where we are
         optim = ctx._optim
+        ctx._batch_idx = batch_idx  # = ctx._current_batch_idx = batch_idx, without the property
+        optim.start_batch(batch_idx)
         if ctx.experimental._auto_to_device:
             batch = ctx.to_device(batch)
         profiler = ctx.profiler
@@ -83,7 +84,11 @@ class BatchStep:
             if isinstance(value, _Tensor):
                 metrics[name] = value.numpy(force=True)  # = detach().cpu().numpy(), faster
         if not self._warned_nan:
-            self._check_nan(metrics.get("loss"), batch_idx)
+            loss = metrics.get("loss")
+            # the common case inline: a 0-d float array, not NaN
+            if not (type(loss) is np.ndarray and loss.ndim == 0 and loss.dtype.kind == "f"
+                    and not math.isnan(loss)):
+                self._check_nan(loss, batch_idx)
         return metrics
 
     def _check_nan(self, loss: Any, batch_idx: int) -> None:
