@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from determined_launch import pytorch
-from determined_launch.pytorch.api.lr_scheduler import lr_steps_due
+from determined_launch.pytorch.optim.lr_scheduler import lr_steps_due
 
 Mode = pytorch.LRScheduler.StepMode
 

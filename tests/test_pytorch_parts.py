@@ -22,11 +22,11 @@ from determined_launch.pytorch._units import (  # noqa: E402
     _TrainBoundaryType,
 )
 from determined_launch.pytorch.api.context import PyTorchTrialContext  # noqa: E402
-from determined_launch.pytorch.api.lr_scheduler import LRScheduler  # noqa: E402
 from determined_launch.pytorch.api.trial import _TrialState  # noqa: E402
 from determined_launch.pytorch.checkpoints.checkpointer import Checkpointer  # noqa: E402
 from determined_launch.pytorch.checkpoints.policy import CheckpointPolicy  # noqa: E402
 from determined_launch.pytorch.loop.batch_step import BatchStep  # noqa: E402
+from determined_launch.pytorch.optim.lr_scheduler import LRScheduler  # noqa: E402
 from determined_launch.pytorch.optim.optimization import Optimization  # noqa: E402
 
 

@@ -5,11 +5,11 @@ Importing this package imports torch; ``import determined_launch`` alone does no
 (``det.pytorch`` loads it on first use).
 
 The parts, one subpackage each: ``api`` (what users see: the trial, its context,
-the Trainer, callbacks, LR schedulers), ``loop`` (the training loop and its batch
-step), ``checkpoints`` (save, restore, the file format, loading a trial),
+the Trainer, callbacks), ``loop`` (the training loop, its batch step and data
+loaders), ``checkpoints`` (save, restore, the file format, loading a trial),
 ``data`` (DataLoader and batch helpers; the samplers stay at ``pytorch.samplers``),
 ``metrics`` (reducers, aggregation, validation, TensorBoard) and ``optim``
-(wrapped models and optimizers, gradient aggregation, AMP).
+(wrapped models and optimizers, LR schedulers, gradient aggregation, AMP).
 """
 
 # Re-exports only (Determined's names, public and the private ones its tests use).
@@ -35,7 +35,7 @@ from determined_launch.pytorch.data.loader import (
     to_device,
 )
 from determined_launch.pytorch.api.callback import PyTorchCallback
-from determined_launch.pytorch.api.lr_scheduler import LRScheduler
+from determined_launch.pytorch.optim.lr_scheduler import LRScheduler
 from determined_launch.pytorch.metrics.reducer import (
     MetricReducer,
     Reducer,

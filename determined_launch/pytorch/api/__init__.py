@@ -1,2 +1,2 @@
-"""What users see: the trial, its context, the Trainer, callbacks, LR schedulers,
-the seed-002 spellings and the legacy entrypoint's config mapping."""
+"""What users see: the trial, its context, the Trainer, callbacks, the seed-002
+spellings and the legacy entrypoint's config mapping."""

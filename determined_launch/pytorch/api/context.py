@@ -20,11 +20,11 @@ from torch import nn
 
 from determined_launch import errors
 from determined_launch.pytorch.api import seed002
-from determined_launch.pytorch.api.lr_scheduler import LRScheduler
 from determined_launch.pytorch.data.batch_sizes import calculate_batch_sizes
 from determined_launch.pytorch.data.loader import to_device as _to_device
 from determined_launch.pytorch.metrics.reducer import MetricReducer, _PyTorchReducerContext
 from determined_launch.pytorch.optim import amp as _amp
+from determined_launch.pytorch.optim.lr_scheduler import LRScheduler
 from determined_launch.pytorch.optim.optimization import Optimization
 
 logger = logging.getLogger("determined_launch.pytorch")

@@ -1,2 +1,2 @@
-"""Data: ``det.pytorch.DataLoader`` and batch helpers (the samplers stay at
+"""Data: ``det.pytorch.DataLoader``, batch sizes and batch helpers (the samplers stay at
 ``determined_launch.pytorch.samplers``, Determined's public module path)."""

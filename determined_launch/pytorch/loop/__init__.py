@@ -1,2 +1,2 @@
-"""The training loop (``_PyTorchTrialController``) and the batch step it drives;
-progress display and process-group teardown."""
+"""The training loop (``_PyTorchTrialController``), the batch step it drives and
+the data loaders it builds; progress display and process-group teardown."""

@@ -35,8 +35,8 @@ from determined_launch.pytorch.api.trial import (
 )
 from determined_launch.pytorch.checkpoints.checkpointer import Checkpointer
 from determined_launch.pytorch.checkpoints.policy import CheckpointPolicy
-from determined_launch.pytorch.data.loops import build_loaders, training_batches
 from determined_launch.pytorch.loop.batch_step import BatchStep
+from determined_launch.pytorch.loop.loaders import build_loaders, training_batches
 from determined_launch.pytorch.loop.progress import Progress
 from determined_launch.pytorch.metrics.training import TrainingMetrics
 from determined_launch.pytorch.metrics.validation import Validator

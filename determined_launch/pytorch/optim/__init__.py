@@ -1,2 +1,2 @@
-"""Optimization: wrapped models, optimizers, LR schedulers, gradient
-aggregation, ``backward``/``step_optimizer`` and AMP (``Optimization``)."""
+"""Optimization: wrapped models, optimizers, LR schedulers (``LRScheduler``),
+gradient aggregation, ``backward``/``step_optimizer`` and AMP (``Optimization``)."""

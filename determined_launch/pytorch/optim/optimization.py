@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from determined_launch import errors
-from determined_launch.pytorch.api.lr_scheduler import LRScheduler
 from determined_launch.pytorch.optim import amp as _amp
+from determined_launch.pytorch.optim.lr_scheduler import LRScheduler
 
 logger = logging.getLogger("determined_launch.pytorch")
 
