@@ -59,7 +59,8 @@ def test_parts_slide_through_a_bounded_window(
     s3_server: S3Server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(objectstore, "S3_PARTS_IN_FLIGHT", 2)
-    backend, ctx = _checkpoint(s3_server.block(s3_server.new_bucket()), tmp_path)
+    bucket = s3_server.new_bucket()
+    backend, ctx = _checkpoint(s3_server.block(bucket), tmp_path)
     src = tmp_path / "src"
     src.mkdir()
     data = os.urandom(25 * MIB)  # 4 parts of 8 MiB (the last 1 MiB)
@@ -77,6 +78,10 @@ def test_parts_slide_through_a_bounded_window(
     most = max(sum(s <= t < e for s, e in parts.values()) for t, _ in parts.values())
     assert most == 2  # never more than the window in flight
     assert parts[3][0] < parts[1][1]  # slid past part 1 (batches of 2 would wait for it)
+    # The object keeps a checksum of its parts' CRC32s, as boto3's uploads do.
+    head = s3_server.client().head_object(Bucket=bucket, Key=f"exp/{sid}/model.pt",
+                                          ChecksumMode="ENABLED")
+    assert head["ContentLength"] == len(data) and head.get("ChecksumCRC32")
     dst = tmp_path / "dst"
     ctx.download(sid, dst)
     assert (dst / "model.pt").read_bytes() == data and (dst / "small").read_bytes() == b"s" * 100

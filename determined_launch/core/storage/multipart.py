@@ -17,8 +17,9 @@ Each part is retried on its own (``transfer.with_retries``); a part that
 exhausts its retries aborts the multipart upload and fails the file without
 retrying the whole file again (``transfer.Exhausted``). Integrity: botocore
 sends each part with its CRC32 (and over plain HTTP its signed SHA-256),
-which the server checks; the commit then checks every object's size before
-writing the marker.
+which the server checks; the upload declares CRC32 and completes with every
+part's checksum, as boto3 does, so the object keeps a checksum of its parts;
+the commit then checks every object's size before writing the marker.
 """
 
 from __future__ import annotations
@@ -116,28 +117,34 @@ async def put_file(fs: Any, client: Any, lpath: str, rpath: str, *, size: int, p
     def run(fn: Callable[[], _T]) -> asyncio.Future[_T]:
         return loop.run_in_executor(pool, _translated, fn)
 
+    # As boto3's transfer manager: the upload declares CRC32, so the server keeps a
+    # checksum of the whole object from the parts' (and moto works a third less).
+    checksum = ({"ChecksumAlgorithm": "CRC32"} if getattr(
+        client.meta.config, "request_checksum_calculation", None) != "when_required" else {})
     upload_id = (await run(lambda: client.create_multipart_upload(
-        Bucket=bucket, Key=key)))["UploadId"]
+        Bucket=bucket, Key=key, **checksum)))["UploadId"]
     count = math.ceil(size / part)
     fd = os.open(lpath, os.O_RDONLY)
 
-    def send(index: int) -> str:
+    def send(index: int) -> dict[str, Any]:
         offset = index * part
         length = min(part, size - offset)
         body = os.pread(fd, length, offset)  # read only now: at most `window` parts in memory
         if len(body) != length:
             raise transfer.Exhausted(OSError(
                 f"{lpath} is shorter than {size} bytes: it changed while uploading"))
-        etag: list[str] = []
-        _retried(lambda: etag.append(client.upload_part(
+        reply: list[dict[str, Any]] = []
+        _retried(lambda: reply.append(client.upload_part(
             Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=index + 1,
-            Body=body)["ETag"]), f"{what} part {index + 1}/{count}")
-        return etag[0]
+            Body=body, **checksum)), f"{what} part {index + 1}/{count}")
+        done = {"PartNumber": index + 1, "ETag": reply[0]["ETag"]}
+        if "ChecksumCRC32" in reply[0]:
+            done["ChecksumCRC32"] = reply[0]["ChecksumCRC32"]
+        return done
 
     futures = [run(functools.partial(send, i)) for i in range(count)]
     try:
-        etags = await asyncio.gather(*futures)
-        parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
+        parts = list(await asyncio.gather(*futures))
         await run(lambda: _retried(lambda: client.complete_multipart_upload(
             Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}),
             f"{what} (completing)"))
