@@ -118,6 +118,14 @@ def test_the_final_state_of_a_core_context_block() -> None:
     assert trackers.final_state(SystemExit(3), preempted=False) == "errored"
     assert trackers.final_state(ValueError("x"), preempted=True) == "errored"
     assert trackers.final_state(InvalidHP("x"), preempted=False) == "invalid"
+    # a stop the experiment's driver asked for says why (experiment/trial.py's stop_reason.json)
+    assert trackers.final_state(None, True, "pruned") == "stopped (ASHA)"
+    assert trackers.final_state(None, True, "done") == "completed"
+    assert trackers.final_state(None, True, "driver") == "preempted"
+    assert trackers.final_state(None, True, "bogus") == "preempted"
+    from determined_launch.core.trackers._mlflow import STATUS
+
+    assert set(trackers.STATES) <= set(STATUS)  # every state has an MLflow status
 
 
 # --- a tracker never stops or slows training ------------------------------------

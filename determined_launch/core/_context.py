@@ -18,7 +18,7 @@ from determined_launch.core._experimental import (
     ExperimentalCoreContext,
 )
 from determined_launch.core._profiler import DummyProfilerContext, ProfilerContext
-from determined_launch.core._rundir import RunDir
+from determined_launch.core._rundir import STOP_REASON, RunDir
 from determined_launch.core._storage_setup import build_storage
 from determined_launch.core._train_local import EarlyExitReason
 from determined_launch.core.checkpoint import CheckpointContext
@@ -93,7 +93,9 @@ class Context:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, _tb: Any) -> None:
-        self._final_state = final_state(exc, getattr(self.preempt, "_decided", False))
+        preempted = bool(getattr(self.preempt, "_decided", False))
+        reason = self._stop_reason() if preempted and self._trackers is not None else None
+        self._final_state = final_state(exc, preempted, reason)
         self.close()
         if exc_type is None:
             note_finished(self.distributed.rank)
@@ -101,6 +103,14 @@ class Context:
             self.train.report_early_exit(EarlyExitReason.INVALID_HP)
             logger.info("InvalidHP raised: reported as an early exit; exiting with status 0")
             raise SystemExit(0)
+
+    def _stop_reason(self) -> Optional[str]:
+        """Why the experiment's driver stopped this trial, if it did."""
+        try:
+            pointer = self.train._run_dir.read_pointer(STOP_REASON)
+        except RuntimeError:
+            return None  # unreadable: a plain preemption
+        return str(pointer.get("reason")) if pointer else None
 
     def close(self, *_exc_info: Any) -> None:
         self.profiler._close()

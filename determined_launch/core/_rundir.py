@@ -68,6 +68,12 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
         raise
 
 
+#: pointer (``stop_reason.json``) that ``det-launch experiment``'s driver writes in a
+#: trial's run directory before it asks the trial to stop: ``{"reason": "pruned" | "done" |
+#: "error" | "driver"}``, so the trial's trackers end its run with the right state
+STOP_REASON = "stop_reason"
+
+
 class RunDir:
     """Append-only JSON-lines streams plus small pointer files in one directory."""
 

@@ -34,6 +34,7 @@ from typing import IO, Any, Optional
 
 from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
+from determined_launch.core._rundir import STOP_REASON, write_atomically
 from determined_launch.errors import LaunchError
 
 #: the chief's early-exit record (``core_context.train.report_early_exit``)
@@ -155,10 +156,11 @@ class TrialProcess:
     def start(self, info: ClusterInfo, argv: Sequence[str], env: Mapping[str, str],
               checkpoint_storage: str) -> None:
         """Write the cluster info file and start the launcher."""
-        try:
-            self.preempt_file.unlink()  # a stop request of an earlier run is not for this one
-        except FileNotFoundError:
-            pass
+        for stale in (self.preempt_file, self.dir / f"{STOP_REASON}.json"):
+            try:
+                stale.unlink()  # a stop request of an earlier run is not for this one
+            except FileNotFoundError:
+                pass
         trial = TrialInfo(trial_id=self.spec.trial_id, hparams=dict(self.spec.hparams),
                           trial_seed=self.spec.seed, experiment_id=self.spec.experiment_id,
                           max_length=self.spec.max_length)
@@ -222,9 +224,12 @@ class TrialProcess:
         return Report(int(length), float(value))  # type: ignore[arg-type]
 
     def request_stop(self, reason: str) -> None:
-        """Preempt the trial (idempotent): all ranks stop on one step and checkpoint."""
+        """Preempt the trial (idempotent): all ranks stop on one step and checkpoint.
+        The reason goes first (its trackers end the run as "stopped (ASHA)", not
+        "preempted")."""
         if self.stop_reason is None:
             self.stop_reason = reason
+            write_atomically(self.dir / f"{STOP_REASON}.json", json.dumps({"reason": reason}))
         self.preempt_file.touch()
 
     def poll(self) -> Optional[int]:

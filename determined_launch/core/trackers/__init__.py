@@ -45,7 +45,7 @@ FLUSH_SECONDS = 15.0
 PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb"),
             "tensorboard": ("tensorboard", "tensorboard")}
 #: A trial's final states, as the trackers' run status shows them.
-STATES = ("completed", "preempted", "invalid", "errored")
+STATES = ("completed", "stopped (ASHA)", "preempted", "invalid", "errored")
 
 
 def _missing(names: Sequence[str]) -> list[str]:
@@ -208,10 +208,19 @@ def _backend(name: str, who: RunIdentity) -> Backend:
     return WandbBackend(who)
 
 
-def final_state(exc: Optional[BaseException], preempted: bool) -> str:
-    """How a ``core.Context`` block ended, as one of ``STATES``."""
+#: why the experiment's driver stopped a trial (core/_rundir.py's STOP_REASON) -> its state
+STOPPED = {"pruned": "stopped (ASHA)", "done": "completed", "error": "errored",
+           "driver": "preempted"}
+
+
+def final_state(exc: Optional[BaseException], preempted: bool,
+                stop_reason: Optional[str] = None) -> str:
+    """How a ``core.Context`` block ended, as one of ``STATES``; a preemption
+    the experiment's driver asked for says why (ASHA's stop is no preemption)."""
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
-        return "preempted" if preempted else "completed"
+        if preempted:
+            return STOPPED.get(stop_reason or "", "preempted")
+        return "completed"
     return "invalid" if isinstance(exc, InvalidHP) else "errored"
 
 

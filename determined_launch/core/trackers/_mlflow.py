@@ -7,7 +7,10 @@ credentials); runs on the sink's thread only (``_sink.py``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pathlib
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
@@ -19,13 +22,35 @@ _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
 #: the trial's final state -> MLflow's run status
-STATUS = {"completed": "FINISHED", "invalid": "FINISHED", "preempted": "KILLED",
-          "errored": "FAILED"}
+STATUS = {"completed": "FINISHED", "stopped (ASHA)": "FINISHED", "invalid": "FINISHED",
+          "preempted": "KILLED", "errored": "FAILED"}
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+@contextlib.contextmanager
+def _store_lock() -> Iterator[None]:
+    """Opening an SQLite store creates or migrates its tables; two processes
+    doing it at once (a search's concurrent trials on MLflow's default
+    ``sqlite:///mlflow.db``) leave it half-migrated ("no such index" for
+    every later reader). The first open is done under a lock file beside it."""
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    path = pathlib.Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.det-lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class MlflowBackend:
@@ -40,7 +65,9 @@ class MlflowBackend:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        self._client = client = MlflowClient()
+        with _store_lock():
+            self._client = client = MlflowClient()
+            client.search_experiments(max_results=1)  # opens the store: creates/migrates it
         if resume_id is not None:
             client.update_run(resume_id, status="RUNNING")
             self._run_id = resume_id
