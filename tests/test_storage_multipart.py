@@ -131,3 +131,19 @@ def test_part_size_keeps_within_the_part_limit() -> None:
     big = 200 << 30  # 200 GiB: 8 MiB parts would be 25,600
     size = part_size(big, 8 * MIB)
     assert size % MIB == 0 and -(-big // size) <= MAX_PARTS < -(-big // (size - MIB))
+
+
+def test_a_filesystem_with_its_own_session_keeps_s3fs_put() -> None:
+    s3fs = pytest.importorskip("s3fs")
+    from aiobotocore.session import AioSession
+
+    own = s3fs.S3FileSystem(session=AioSession(), skip_instance_cache=True,
+                            endpoint_url="http://127.0.0.1:9")
+    assert multipart.sync_client(own, 10) is None  # large files then go through s3fs's put
+    plain = s3fs.S3FileSystem(key="k", secret="s", endpoint_url="http://127.0.0.1:9",
+                              skip_instance_cache=True)
+    client = multipart.sync_client(plain, 10)
+    assert client is not None
+    assert client is multipart.sync_client(plain, 10)  # made once per filesystem
+    assert client.meta.endpoint_url == "http://127.0.0.1:9"
+    assert client.meta.config.max_pool_connections >= 10

@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import math
 import os
 import threading
@@ -40,6 +41,7 @@ from determined_launch.core.storage import transfer
 MAX_PARTS = 10_000
 _T = TypeVar("_T")
 _CLIENT_ATTR = "_det_launch_sync_client"
+logger = logging.getLogger("determined_launch.core")
 _client_lock = threading.Lock()
 
 
@@ -58,31 +60,39 @@ def sync_client(fs: Any, connections: int) -> Optional[Any]:
         if cached is not None:
             return cached
         if fs.session is not None and not getattr(fs, "_session_is_owned", False):
+            return None  # (or an s3fs too old to say whose session it is)
+        try:
+            client = _build_client(fs, connections)
+        except Exception as e:  # an s3fs we do not know: its own put_file still works
+            logger.debug("large files go through s3fs's put_file: %s", e)
             return None
-        import botocore.session
-        from botocore.config import Config
-
-        options = {k: v for k, v in fs._prepare_config_kwargs().items()
-                   if k in Config.OPTION_DEFAULTS}  # aiobotocore-only keys dropped
-        options["max_pool_connections"] = max(connections,
-                                              int(options.get("max_pool_connections") or 0))
-        client_kwargs = dict(fs.client_kwargs)
-        init = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
-                "aws_session_token": fs.token, "endpoint_url": fs.endpoint_url}
-        init = {k: v for k, v in init.items() if v is not None and k not in client_kwargs}
-        if "use_ssl" not in client_kwargs:
-            init["use_ssl"] = fs.use_ssl
-        if fs.anon:
-            from botocore import UNSIGNED
-
-            for key in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
-                init.pop(key, None)
-                client_kwargs.pop(key, None)
-            options["signature_version"] = UNSIGNED
-        session = botocore.session.Session(**fs.kwargs)
-        client = session.create_client("s3", config=Config(**options), **init, **client_kwargs)
         setattr(fs, _CLIENT_ATTR, client)
         return client
+
+
+def _build_client(fs: Any, connections: int) -> Any:
+    import botocore.session
+    from botocore.config import Config
+
+    options = {k: v for k, v in fs._prepare_config_kwargs().items()
+               if k in Config.OPTION_DEFAULTS}  # aiobotocore-only keys dropped
+    options["max_pool_connections"] = max(connections,
+                                          int(options.get("max_pool_connections") or 0))
+    client_kwargs = dict(fs.client_kwargs)
+    init = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
+            "aws_session_token": fs.token, "endpoint_url": fs.endpoint_url}
+    init = {k: v for k, v in init.items() if v is not None and k not in client_kwargs}
+    if "use_ssl" not in client_kwargs:
+        init["use_ssl"] = fs.use_ssl
+    if fs.anon:
+        from botocore import UNSIGNED
+
+        for key in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
+            init.pop(key, None)
+            client_kwargs.pop(key, None)
+        options["signature_version"] = UNSIGNED
+    session = botocore.session.Session(**fs.kwargs)
+    return session.create_client("s3", config=Config(**options), **init, **client_kwargs)
 
 
 class Window:
