@@ -142,7 +142,7 @@ def test_a_filesystem_with_its_own_session_keeps_s3fs_put() -> None:
     assert multipart.sync_client(own, 10) is None  # large files then go through s3fs's put
     plain = s3fs.S3FileSystem(key="k", secret="s", endpoint_url="http://127.0.0.1:9",
                               skip_instance_cache=True)
-    client = multipart.sync_client(plain, 10)
+    client: Any = multipart.sync_client(plain, 10)
     assert client is not None
     assert client is multipart.sync_client(plain, 10)  # made once per filesystem
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
