@@ -143,7 +143,7 @@ def test_a_filesystem_with_its_own_session_keeps_s3fs_put() -> None:
     plain = s3fs.S3FileSystem(key="k", secret="s", endpoint_url="http://127.0.0.1:9",
                               skip_instance_cache=True)
     client: Any = multipart.sync_client(plain, 10)
-    assert client is not None
-    assert client is multipart.sync_client(plain, 10)  # made once per filesystem
+    again = multipart.sync_client(plain, 10)
+    assert client is not None and again is client  # made once per filesystem
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
     assert client.meta.config.max_pool_connections >= 10
