@@ -144,6 +144,6 @@ def test_a_filesystem_with_its_own_session_keeps_s3fs_put() -> None:
                               skip_instance_cache=True)
     client: Any = multipart.sync_client(plain, 10)
     again = multipart.sync_client(plain, 10)
-    assert client is not None and again is client  # made once per filesystem
+    assert again is not None and again is client  # made once per filesystem
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
     assert client.meta.config.max_pool_connections >= 10
