@@ -214,6 +214,13 @@ def test_tensorboard_auto_syncs_to_object_storage_and_manual_uploads(
     fetched.mkdir()
     s3.download_file(block["bucket"], synced[0], str(fetched / synced[0].rsplit("/", 1)[1]))
     assert _scalars(fetched) == {("validation/loss", 3, 0.25)}
+    # a trial's directory is its number: in shared storage it is named as its records are
+    with core.init(info=info(), run_dir=str(tmp_path / "exp-x" / "trials" / "1"),
+                   checkpoint_storage=block) as ctx:
+        ctx.train.report_validation_metrics(3, {"loss": 0.25})
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=block["bucket"])["Contents"]]
+    assert any(k.startswith("exp/tensorboard/exp-x.trial-1/events.") for k in keys), keys
+    assert not any(k.startswith("exp/tensorboard/1/") for k in keys), keys
 
     ck = tmp_path / "ck"
     with core.init(info=info(), run_dir=str(tmp_path / "run-m"), checkpoint_storage=str(ck),

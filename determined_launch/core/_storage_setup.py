@@ -27,7 +27,9 @@ class StorageSetup:
 def build_storage(spec: StorageSpec, dist: Collectives, run_dir: RunDir,
                   tensorboard_mode: TensorboardMode) -> StorageSetup:
     backend = open_storage(spec, probe=dist.rank == 0)
-    run_name = run_dir.path.name
+    # A trial's directory is its number: named as its records are (<experiment>.trial-<id>),
+    # so two experiments' trial 1 in one storage keep separate TensorBoard directories.
+    run_name = _record_sync.storage_run_name(run_dir.path)
 
     def upload(name: str, local: pathlib.Path) -> None:
         backend.put_extra(f"{STORAGE_DIR}/{run_name}/{name}", local)
@@ -36,7 +38,7 @@ def build_storage(spec: StorageSpec, dist: Collectives, run_dir: RunDir,
     tensorboard = TensorboardManager(tb_path, tensorboard_mode, upload=upload, rank=dist.rank,
                                      auto_sync=not spec.is_directory)
     if dist.rank == 0 and not spec.is_directory:
-        records_at = f"{_record_sync.STORAGE_DIR}/{_record_sync.storage_run_name(run_dir.path)}"
+        records_at = f"{_record_sync.STORAGE_DIR}/{run_name}"
         records = _record_sync.RecordSync(
             run_dir.path, lambda name, local: backend.put_extra(f"{records_at}/{name}", local))
         run_dir.on_write = records.poke
