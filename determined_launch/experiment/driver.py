@@ -83,6 +83,21 @@ class DriverSetup:
     on_event: Callable[[str], None] = print
     #: signals that preempt the experiment (the launcher's --preempt-signals; SIGINT too)
     signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
+    #: called before each start of a trial's launcher; its variables go to that launcher
+    before_start: Optional[Callable[[TrialProcess], dict[str, str]]] = None
+
+
+def trial_env(searcher: SearcherConfig) -> dict[str, str]:
+    """Every trial launcher's environment (on each node of a multi-node trial)."""
+    # The experiment's own variables stay here: the study URL may carry a password.
+    env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
+    env.pop(envvars.SEARCHER_UNIT, None)
+    if searcher.unit is not None:
+        env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
+    # save_trial_best / save_experiment_best retention keeps the best by the searcher's metric
+    env[envvars.SEARCHER_METRIC] = searcher.metric
+    env[envvars.SMALLER_IS_BETTER] = "true" if searcher.smaller_is_better else "false"
+    return env
 
 
 def owner_id() -> str:
@@ -215,14 +230,9 @@ class Driver:
         proc = TrialProcess(self._spec(trial), self.s.exp_dir, searcher.metric,
                             searcher.time_metric)
         proc.seen = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
-        # The experiment's own variables stay here: the study URL may carry a password.
-        env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
-        env.pop(envvars.SEARCHER_UNIT, None)
-        if searcher.unit is not None:
-            env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
-        # save_trial_best / save_experiment_best retention keeps the best by the searcher's metric
-        env[envvars.SEARCHER_METRIC] = searcher.metric
-        env[envvars.SMALLER_IS_BETTER] = "true" if searcher.smaller_is_better else "false"
+        env = trial_env(searcher)
+        if self.s.before_start is not None:  # a multi-node trial: its other nodes start too
+            env.update(self.s.before_start(proc))
         proc.start(self.s.info, launcher_argv(self.s.flags, self.s.command, self.s.args),
                    env, self.s.checkpoint_storage)
         self.running[trial.number] = (trial, proc)

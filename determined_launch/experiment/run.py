@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -13,6 +14,7 @@ from typing import Any, Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect
+from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.storage import check_storage, open_storage, parse_storage
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
@@ -24,10 +26,24 @@ from determined_launch.experiment.command import (
     trial_identity_env,
     unused_fields,
 )
-from determined_launch.experiment.driver import Driver, DriverSetup, write_experiment_file
+from determined_launch.experiment.driver import (
+    Driver,
+    DriverSetup,
+    trial_env,
+    write_experiment_file,
+)
+from determined_launch.experiment.gang import (
+    Gang,
+    GangChief,
+    GangError,
+    NodeSetup,
+    channel_port,
+    serve_node,
+    trial_gang,
+)
 from determined_launch.experiment.sync import ExperimentSync
-from determined_launch.experiment.trial import private_dir, write_private
-from determined_launch.launcher import LauncherOptions, detection_env
+from determined_launch.experiment.trial import launcher_argv, private_dir, write_private
+from determined_launch.launcher import LauncherOptions, _ports, detection_env, job_secret
 from determined_launch.values import plain
 
 
@@ -109,28 +125,42 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     else:
         raise LaunchError(f"{conf.path}: no command after the config and no entrypoint in it")
     resolved = config.resolve(os.environ, config.flag_values(ns))
-    if resolved["slots"] is None and conf.slots_per_trial is not None:
-        resolved["slots"] = conf.slots_per_trial
     options = LauncherOptions.from_values(resolved, detector=ns.detector,
                                           disabled_detectors=tuple(ns.disable_detector))
-    info = detect(detection_env(options, os.environ), force=options.detector,
-                  disable=options.disabled_detectors).info
-    if not info.single_node:
-        raise LaunchError(f"this job has {info.num_nodes} nodes; det-launch experiment runs "
-                          "each trial on its own node (run one --worker per node, e.g. a SLURM "
-                          "array)")
+    gang = _cluster(options, conf)
+    if gang is None:
+        print("det-launch experiment: this node is left over (the allocation's nodes are not a "
+              "multiple of a trial's); nothing to run here", flush=True)
+        return 0
+    if gang.nodes > 1:
+        concurrency = 1  # every trial takes the whole group
+    node = gang.rank > 0  # a multi-node trial's other node: it never reads the study
     if conf.checkpoint_storage is not None:  # one line now, not a failing trial per restart
-        check_storage(parse_storage(conf.checkpoint_storage, where=str(conf.path)), probe=True)
+        check_storage(parse_storage(conf.checkpoint_storage, where=str(conf.path)),
+                      probe=not node)
     exp_dir = pathlib.Path(opts["experiment_dir"] or pathlib.Path("det_experiments", conf.name))
     exp_dir = private_dir(exp_dir.absolute())
     ignored = unused_fields(conf.ignored, args)
-    if ignored:
+    if ignored and not node:
         print(f"det-launch experiment: ignoring Determined-only fields: "
               f"{', '.join(ignored)}", file=sys.stderr)
-    write_experiment_file(exp_dir, conf, opts["study_storage"])
-    live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better, exp_dir)
     for var in trial_identity_env():
         os.environ.pop(var, None)  # each trial's identity comes from its cluster info file
+    secret, port = "", 0  # the group's channel, for trials across nodes
+    if gang.nodes > 1:
+        secret = job_secret(gang.info, os.environ)
+        port = channel_port(_ports(gang.info, os.environ))
+    if node:
+        return serve_node(NodeSetup(
+            gang=gang, secret=secret, port=port,
+            connect_timeout=options.supervisor.connect_timeout, exp_dir=exp_dir,
+            argv=launcher_argv(trial_flags(ns), sub, args), env=trial_env(conf.searcher),
+            checkpoint_storage=_checkpoint_storage(conf, exp_dir),
+            metric=conf.searcher.metric, say=_say))
+    write_experiment_file(exp_dir, conf, opts["study_storage"])
+    live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better, exp_dir)
+    chief = (GangChief(gang, secret, port, options.supervisor.connect_timeout, live.event)
+             if gang.nodes > 1 else None)
     sync = _experiment_sync(conf, exp_dir, opts["study_storage"])
 
     def event(text: str) -> None:
@@ -140,10 +170,11 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
             sync.changed()
 
     setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
-                        info=info, flags=trial_flags(ns), command=sub, args=args,
+                        info=gang.info, flags=trial_flags(ns), command=sub, args=args,
                         concurrency=concurrency,
                         checkpoint_storage=_checkpoint_storage(conf, exp_dir),
-                        on_event=event, signals=tuple(resolved["preempt_signals"]))
+                        on_event=event, signals=tuple(resolved["preempt_signals"]),
+                        before_start=chief.before_start if chief is not None else None)
     driver = Driver(setup)
     live.driver = driver
     watch = resolved["preempt_file"]
@@ -153,17 +184,44 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
         live.tick()
         if sync is not None:
             sync.running(_trial_dirs(driver))
+        lost = chief.check() if chief is not None else None
+        if lost is not None and driver.error is None:  # the running trial stops, resumable
+            driver.error = GangError(lost)
 
     if sync is not None:
         sync.start()
+    status = 1
     try:
         status = driver.run(tick=tick)
     finally:
         if sync is not None:
             sync.close()
+        if chief is not None:
+            chief.finish(status)
     live.tick(force=True)  # the final states
     _final(driver._trials(), exp_dir, conf, ns.worker)
     return status
+
+
+def _cluster(options: LauncherOptions, conf: expconf.ExperimentConfig) -> Optional[Gang]:
+    """This node's place in the allocation (``None``: left over).
+    ``slots_per_trial`` is this node's slots on a single node; on several,
+    the scheduler's (or ``--slots``) slots per node stand and it counts the
+    nodes of each trial (experiment/gang.py)."""
+    def found(o: LauncherOptions) -> ClusterInfo:
+        return detect(detection_env(o, os.environ), force=o.detector,
+                      disable=o.disabled_detectors).info
+
+    info = found(options)
+    if info.single_node and options.slots is None and conf.slots_per_trial is not None:
+        info = found(dataclasses.replace(options, slots=conf.slots_per_trial))
+    if info.single_node:
+        return Gang(nodes=1, group=0, rank=0, info=info)
+    return trial_gang(conf.slots_per_trial, info, str(conf.path))
+
+
+def _say(text: str) -> None:
+    print(f"det-launch experiment: {text}", flush=True)
 
 
 def _trial_dirs(driver: Driver) -> list[tuple[int, pathlib.Path]]:

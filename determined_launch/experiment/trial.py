@@ -128,13 +128,24 @@ class TrialSpec:
         return self.number + 1
 
 
+#: ``TrialProcess.start``'s default: resume from what the trial's run directory committed
+FROM_RUN_DIR = "<the run directory's latest checkpoint>"
+
+
 class TrialProcess:
-    """A running trial's launcher and what it reported so far."""
+    """A running trial's launcher and what it reported so far.
+
+    ``node`` > 0: that node's launcher of a multi-node trial (experiment/gang.py),
+    in a directory of its own below the trial's, so that nothing it writes (its
+    cluster info, output, stale-file cleanup) touches the chief's files on a
+    shared file system."""
 
     def __init__(self, spec: TrialSpec, exp_dir: pathlib.Path, metric: str,
-                 time_metric: Optional[str]) -> None:
+                 time_metric: Optional[str], node: int = 0) -> None:
         self.spec = spec
         self.dir = private_dir(private_dir(exp_dir / "trials") / str(spec.trial_id))
+        if node:
+            self.dir = private_dir(self.dir / f"node{node}")
         self.run_dir = self.dir  # the chief's run directory is the trial's directory
         self.preempt_file = self.dir / "preempt"
         self.log_path = self.dir / "output.log"
@@ -154,8 +165,9 @@ class TrialProcess:
         self._log_start = 0
 
     def start(self, info: ClusterInfo, argv: Sequence[str], env: Mapping[str, str],
-              checkpoint_storage: str) -> None:
-        """Write the cluster info file and start the launcher."""
+              checkpoint_storage: str, resume: Optional[str] = FROM_RUN_DIR) -> None:
+        """Write the cluster info file and start the launcher (``resume``: the
+        checkpoint to continue from, which a multi-node trial's chief names)."""
         for stale in (self.preempt_file, self.dir / f"{STOP_REASON}.json"):
             try:
                 stale.unlink()  # a stop request of an earlier run is not for this one
@@ -164,7 +176,8 @@ class TrialProcess:
         trial = TrialInfo(trial_id=self.spec.trial_id, hparams=dict(self.spec.hparams),
                           trial_seed=self.spec.seed, experiment_id=self.spec.experiment_id,
                           max_length=self.spec.max_length)
-        resumed = self.resumed_from = latest_checkpoint(self.run_dir)
+        resumed = self.resumed_from = (latest_checkpoint(self.run_dir) if resume == FROM_RUN_DIR
+                                       else resume)
         info = dataclasses.replace(info, trial=trial, latest_checkpoint=resumed)
         info_file = self.dir / "cluster_info.json"
         write_private(info_file, json.dumps(info.to_file_dict(), indent=1) + "\n")

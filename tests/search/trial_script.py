@@ -35,13 +35,18 @@ def main():
         pathlib.Path(os.environ["DET_RUN_DIR"], "env_probe.json").write_text(
             json.dumps({k: v for k, v in os.environ.items() if "STUDY" in k}))
     marker = pathlib.Path(os.environ["DET_RUN_DIR"], "failed_once")
-    if hp.get("fail_once") and not marker.exists():
+    if (hp.get("fail_once") or hp.get("fail_once_on_node") == info.container_rank) and \
+            not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
         raise SystemExit(3)
     dist = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist = core.DistributedContext.from_torch_distributed()
+    elif info.num_nodes > 1:  # det-launch exec on several nodes: one process per node
+        node, nodes = info.container_rank, info.num_nodes
+        dist = core.DistributedContext(rank=node, size=nodes, local_rank=0, local_size=1,
+                                       cross_rank=node, cross_size=nodes, chief_ip=info.chief_ip)
     period = int(hp.get("period", 4))
     metric = hp.get("metric_name", "loss")
     with core.init(distributed=dist) as ctx:
@@ -68,7 +73,8 @@ def main():
                         f.write("1\n")
                 if step % period == 0 and ctx.distributed.rank == 0:
                     ctx.train.report_validation_metrics(
-                        step, {metric: loss(hp, step), "batches": step})
+                        step, {metric: loss(hp, step), "batches": step,
+                               "world_size": ctx.distributed.size})
                 if ckpt_every and step % ckpt_every == 0:
                     save(ctx, step)
                 if ctx.preempt.should_preempt():
