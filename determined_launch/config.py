@@ -75,6 +75,11 @@ OPTIONS: tuple[Option, ...] = (
            functools.partial(values.integer, minimum=0, maximum=1000), 0,
            "after a worker fails on any node, restart every node's workers from the newest "
            "committed checkpoint, at most N times (docs/elastic.md)", metavar="N"),
+    Option("min_nodes", "DET_LAUNCH_MIN_NODES", "--min-nodes",
+           functools.partial(values.integer, minimum=1, maximum=100_000), None,
+           "after a node (the chief's included) is lost, continue on the others while at least "
+           "K remain, each time using one of --max-restarts (default: every node is needed)",
+           metavar="K"),
     Option("no_determined_compat", "DET_LAUNCH_NO_DETERMINED_COMPAT", "--no-determined-compat",
            values.boolean, False,
            "do not map `python3 -m determined.launch.X` in workers to ours", switch=True),

@@ -1,11 +1,17 @@
-"""``--max-restarts``: the launcher's memory across generations.
+"""``--max-restarts`` and ``--min-nodes``: the launcher's memory across generations.
 
 The supervisor runs one generation (one start of the workers) and asks, as
-it ends, whether to restart (``node.RestartJudge``). ``Restarts`` answers on
-the chief (or a single node): it reads where the job stands (the newest
-checkpoint committed in the run directory, as ``det-launch``'s resume finds
-it) and asks the pure policy (``supervisor.restarts.decide``). Non-chief
-nodes never call it: they follow the chief's decision.
+it ends, whether to restart (``node.RestartJudge``). ``Restarts`` answers: it
+reads where the job stands (the newest checkpoint committed in the run
+directory, as ``det-launch``'s resume finds it) and asks the pure policy
+(``supervisor.restarts.decide``). Every node keeps the same record, but only
+the chief's decision counts while the chief lives; when it is lost, every
+survivor decides alone, and the rule makes them agree: the same nodes minus
+the chief, led by the lowest surviving node (docs/architecture.md).
+
+Nodes keep their *original* rank (their place in the job's first node
+list) as their identity across generations; a generation's cluster info is
+the original one narrowed to its members (``membership_info``).
 """
 
 from __future__ import annotations
@@ -19,9 +25,8 @@ from typing import Callable, Optional
 
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
-from determined_launch.errors import EXIT_PREEMPTED
+from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor.events import Failure
-from determined_launch.supervisor.node import RestartJudge
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
 
 #: How the verdict names a launcher (not a worker) that failed: it was lost or never connected.
@@ -47,61 +52,143 @@ def read_progress(info: ClusterInfo, env: Mapping[str, str],
 
 
 class Restarts:
-    """The chief's record of the generations so far; ``decide`` is the
-    supervisor's ``RestartJudge``.
+    """This node's record of the generations so far: the supervisor's
+    ``RestartJudge``.
 
     ``initial``: what the job started from (the cluster info's
     ``latest_checkpoint``); ``baseline``: the newest checkpoint in the run
     directory when the job started. A checkpoint counts as this job's
     progress only once it differs from ``baseline``, so ``--fresh`` restarts
-    fresh until the job commits its own first checkpoint.
+    fresh until the job commits its own first checkpoint. ``members``: the
+    current generation's nodes (original ranks); ``me``: this node's.
     """
 
-    def __init__(self, max_restarts: int, read: Callable[[], Progress], initial: Progress) -> None:
+    def __init__(self, max_restarts: int, read: Callable[[], Progress], initial: Progress,
+                 members: tuple[int, ...] = (0,), me: int = 0,
+                 min_nodes: Optional[int] = None) -> None:
         self.max_restarts = max_restarts
+        self.min_nodes = min_nodes
         self.read = read
         self.initial = initial
         self.baseline = read()
         self.attempts: list[Attempt] = []
         self.start = initial  # the current generation's resume point
+        self.members = members
+        self.me = me
 
-    def decide(self, status: int, cause: Optional[Failure]) -> Decision:
+    def decide(self, status: int, cause: Optional[Failure],
+               lost: frozenset[int] = frozenset()) -> Decision:
+        """How the generation ended (``lost``: the nodes, by this generation's
+        ranks, whose launchers are gone) -> restart or not."""
         newest = self.read()
         end = newest if newest.checkpoint != self.baseline.checkpoint else self.initial
         preempted = status == EXIT_PREEMPTED and cause is None
+        launcher = cause is not None and not cause.interrupt and cause.what in LAUNCHERS
+        gone = {self.members[n] for n in lost if 0 <= n < len(self.members)}
+        if launcher and cause is not None and 0 <= cause.node < len(self.members):
+            gone.add(self.members[cause.node])
         self.attempts.append(Attempt(
             generation=len(self.attempts), status=status,
             cause="" if cause is None or preempted else cause.describe(),
             interrupted=cause is not None and cause.interrupt, start=self.start, end=end,
-            node_lost=cause is not None and not cause.interrupt and cause.what in LAUNCHERS))
-        decision = decide(self.max_restarts, self.attempts, self.initial)
-        if decision.restart:
-            self.start = decision.resume
+            node_lost=launcher, members=self.members, lost=tuple(sorted(gone))))
+        decision = decide(self.max_restarts, self.attempts, self.initial, self.min_nodes)
+        return self.follow(decision)
+
+    def follow(self, decision: Decision) -> Decision:
+        """Take ``decision`` (this node's own, or the chief's) as this job's: a
+        node that the others continue without must not start again."""
+        if not decision.restart:
+            return decision
+        members = decision.members or self.members
+        if self.me not in members:
+            who = ", ".join(str(n) for n in members)
+            return Decision(False, f"not restarting: the job continues on node{_s(members)} "
+                                   f"{who} without this node (node {self.me}), which it lost",
+                            history=decision.history)
+        self.start, self.members = decision.resume, members
         return decision
 
 
+def _s(items: tuple[int, ...]) -> str:
+    return "s" if len(items) > 1 else ""
+
+
 def restart_judge(max_restarts: int, info: ClusterInfo, env: Mapping[str, str],
-                  is_committed: Optional[Callable[[str], bool]]) -> Optional[RestartJudge]:
-    """The supervisor's ``restarts`` argument: ``None`` when restarts are off;
-    the chief's (or single node's) ``Restarts``; on other nodes a judge that
-    is never asked (they follow the chief's decision)."""
+                  is_committed: Optional[Callable[[str], bool]],
+                  min_nodes: Optional[int] = None) -> Optional[Restarts]:
+    """The supervisor's ``restarts`` argument: ``None`` when restarts are off."""
     if not max_restarts:
         return None
-    if info.single_node or info.is_chief:
-        return Restarts(max_restarts, lambda: read_progress(info, env, is_committed),
-                        Progress(info.latest_checkpoint)).decide
-    return lambda _status, _cause: Decision(False)
+    return Restarts(max_restarts, lambda: read_progress(info, env, is_committed),
+                    Progress(info.latest_checkpoint), tuple(range(info.num_nodes)),
+                    info.container_rank, min_nodes)
 
 
-def generation_info(info: ClusterInfo, decision: Decision) -> ClusterInfo:
-    """The next generation's cluster info: resuming from the decision's checkpoint."""
-    return dataclasses.replace(info, latest_checkpoint=decision.resume.checkpoint)
+def check_min_nodes(min_nodes: Optional[int], max_restarts: int, info: ClusterInfo) -> None:
+    """``--min-nodes`` makes sense only with restarts and at most the job's nodes."""
+    if min_nodes is None:
+        return
+    if not max_restarts:
+        raise LaunchError(f"--min-nodes {min_nodes} (DET_LAUNCH_MIN_NODES) needs --max-restarts "
+                          f"N >= 1 (DET_LAUNCH_MAX_RESTARTS): continuing without a lost node "
+                          f"uses one restart")
+    if min_nodes > info.num_nodes:
+        raise LaunchError(f"--min-nodes {min_nodes} (DET_LAUNCH_MIN_NODES) is more than this "
+                          f"job's {info.num_nodes} node{'s' if info.num_nodes > 1 else ''}")
 
 
-def generation_secret(secret: Optional[str], generation: int) -> Optional[str]:
+def membership_info(original: ClusterInfo, members: tuple[int, ...],
+                    checkpoint: Optional[str]) -> ClusterInfo:
+    """A generation's cluster info: the original node list narrowed to
+    ``members`` (original ranks, ascending: the first is the chief, whose
+    address every node knows from the original list), resuming from
+    ``checkpoint``. Ports stay ``C10D_PORT``..+2 on the new chief."""
+    return dataclasses.replace(
+        original,
+        container_addrs=tuple(original.container_addrs[m] for m in members),
+        container_slot_counts=tuple(original.container_slot_counts[m] for m in members),
+        container_rank=members.index(original.container_rank),
+        latest_checkpoint=checkpoint)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What one start of this node's workers runs with."""
+
+    number: int
+    info: ClusterInfo
+    #: its nodes, by original rank
+    members: tuple[int, ...]
+    judge: Optional[Restarts]
+    #: signals the previous generation kept pending for this one
+    deferred: frozenset[int] = frozenset()
+
+
+def run_generations(info: ClusterInfo, judge: Optional[Restarts],
+                    one: Callable[[Generation], tuple[int, Decision, frozenset[int]]]
+                    ) -> tuple[int, ClusterInfo]:
+    """Run generations until one is not restarted: (its exit status, its info)."""
+    gen = Generation(0, info, tuple(range(info.num_nodes)), judge)
+    while True:
+        status, decision, deferred = one(gen)
+        if not decision.restart:
+            return status, gen.info
+        members = decision.members or gen.members
+        gen = Generation(decision.generation,
+                         membership_info(info, members, decision.resume.checkpoint),
+                         members, judge, deferred)
+
+
+def generation_secret(secret: Optional[str], generation: int,
+                      members: tuple[int, ...] = ()) -> Optional[str]:
     """Generation 0 keeps the job's secret; each later one derives its own, so
     the control channel and DistributedContext of an old generation cannot
-    authenticate to a new one (every node derives the same key)."""
+    authenticate to a new one (every node derives the same key). The
+    members are part of it: two groups of survivors that each believe the
+    others lost cannot talk to each other's generation."""
     if secret is None or generation == 0:
         return secret
-    return hashlib.sha256(f"{secret}|det-launch generation {generation}".encode()).hexdigest()
+    tail = f"|members {','.join(map(str, members))}" if members else ""
+    return hashlib.sha256(f"{secret}|det-launch generation {generation}{tail}".encode()
+                          ).hexdigest()

@@ -9,16 +9,10 @@ directory, ports, the job secret) is decided here, once, into a
 from __future__ import annotations
 
 import dataclasses
-import errno
-import hashlib
-import json
 import os
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -35,13 +29,23 @@ from determined_launch.cluster.local_trial import (
     searcher_env,
 )
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
-from determined_launch.compat import worker_pythonpath
 from determined_launch.core.storage import check_storage, commit_check, configured_storage
 from determined_launch.core.trackers import check_trackers
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
-from determined_launch.generations import generation_info, generation_secret, restart_judge
-from determined_launch.supervisor import Supervisor, SupervisorConfig, write_private_file
-from determined_launch.supervisor.node import RestartJudge
+from determined_launch.generations import (
+    Generation,
+    check_min_nodes,
+    restart_judge,
+    run_generations,
+)
+from determined_launch.runtime import (  # noqa: F401  (re-exported: tests and older imports)
+    DEFAULT_C10D_PORT,
+    _ports,
+    check_ports_free,
+    job_secret,
+    make_runtime,
+)
+from determined_launch.supervisor import Supervisor, SupervisorConfig
 from determined_launch.supervisor.restarts import Decision
 
 __all__ = [
@@ -55,9 +59,6 @@ __all__ = [
 ]
 
 BuildPlan = Callable[[ClusterInfo, JobRuntime, BackendArgs], LaunchPlan]
-
-#: torchrun's and Determined's default master port, used for multi-node jobs.
-DEFAULT_C10D_PORT = 29400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,9 @@ class LauncherOptions:
     local_trial: LocalTrialOptions = LocalTrialOptions()
     #: ``--max-restarts``: restart every node's workers after a failure, this many times.
     max_restarts: int = 0
+    #: ``--min-nodes``: after a node is lost, continue on the others while this many remain
+    #: (``None``: every node, i.e. a lost node ends the job).
+    min_nodes: Optional[int] = None
     #: ``--report-to``: the trackers the chief's ``core.init`` reports to (core/trackers/).
     report_to: tuple[str, ...] = ()
 
@@ -107,6 +111,7 @@ class LauncherOptions:
             slots=v["slots"],
             determined_compat=not v["no_determined_compat"],
             max_restarts=v["max_restarts"],
+            min_nodes=v["min_nodes"],
             local_trial=LocalTrialOptions(
                 hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
             report_to=v["report_to"],
@@ -125,113 +130,6 @@ def split_overrides(argv: Sequence[str], usage: str) -> BackendArgs:
     if not script:
         raise LaunchError(f"no command to run; usage: {usage}")
     return BackendArgs(overrides=tuple(overrides), script=tuple(script))
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def check_ports_free(info: ClusterInfo, runtime: JobRuntime) -> None:
-    """On the chief, fail fast when a port the job will listen on is taken.
-
-    torch would otherwise die with an ``EADDRINUSE`` traceback from every
-    worker. This is a check, not a reservation: the port is released again
-    at once, because torchrun and the control channel bind it themselves.
-    Ports a single-node job picked itself are fresh and are not checked.
-    """
-    if not info.is_chief:
-        return
-    what = (
-        (runtime.master_port, "torch's master port"),
-        (runtime.control_port, "the launchers' control channel"),
-        (runtime.dist_port, "DistributedContext"),
-    )
-    for port, purpose in what:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("", port))
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    continue
-                raise LaunchError(
-                    f"port {port} ({purpose}) is already in use on this host; set "
-                    f"{envvars.C10D_PORT} to a free port (the job uses {envvars.C10D_PORT}, "
-                    f"+1 and +2), or unset it on a single node to pick free ports"
-                ) from None
-
-
-def _ports(info: ClusterInfo, env: Mapping[str, str]) -> tuple[int, int, int]:
-    """(master, control, dist) ports.
-
-    Multi-node jobs need ports every node can compute without talking first,
-    so they are ``C10D_PORT`` (default 29400) and the next two. A single
-    node picks free ports unless ``C10D_PORT`` is set, so two jobs on one
-    machine never collide.
-    """
-    raw = env.get(envvars.C10D_PORT)
-    if raw:
-        if not raw.isdigit() or not 1024 <= int(raw) <= 65533:
-            raise LaunchError(
-                f"environment variable {envvars.C10D_PORT}: expected a port in 1024-65533, "
-                f"got {raw!r}"
-            )
-        base = int(raw)
-        return base, base + 1, base + 2
-    if info.single_node:
-        return _free_port(), _free_port(), _free_port()
-    return DEFAULT_C10D_PORT, DEFAULT_C10D_PORT + 1, DEFAULT_C10D_PORT + 2
-
-
-def job_secret(info: ClusterInfo, env: Mapping[str, str]) -> str:
-    """The secret that authenticates launcher and DistributedContext traffic.
-
-    ``DET_DIST_SECRET`` wins, then the cluster info's ``job_secret``. A
-    single-node job makes a fresh one (nothing else needs to know it). A
-    multi-node job without one cannot agree on a secret without a trusted
-    channel, so it falls back to a key every node can derive from the
-    cluster info, with a warning: that keeps jobs from talking to each other
-    by accident but does not stop an attacker on the network.
-    """
-    secret = env.get(envvars.DIST_SECRET) or info.job_secret
-    if secret:
-        return secret
-    if info.single_node:
-        return secrets.token_hex(32)
-    print(
-        f"det-launch: WARNING: no job secret for a multi-node job; set {envvars.DIST_SECRET} "
-        "(same value on every node) or 'job_secret' in the cluster info file. Using a key "
-        "derived from the cluster info, which does not authenticate against network attackers.",
-        file=sys.stderr,
-    )
-    basis = json.dumps(
-        [list(info.container_addrs), list(info.container_slot_counts), env.get("SLURM_JOB_ID")]
-    )
-    return hashlib.sha256(basis.encode()).hexdigest()
-
-
-def make_runtime(
-    info: ClusterInfo, env: Mapping[str, str], determined_compat: bool = True,
-    generation: int = 0,
-) -> JobRuntime:
-    """Create the private job directory and decide ports, secret and the
-    workers' ``PYTHONPATH``. Each generation (``--max-restarts``) gets its
-    own directory and secret (and fresh ports on a single node)."""
-    job_dir = tempfile.mkdtemp(prefix="det-launch-")  # mode 0700, unique per job
-    master, control, dist = _ports(info, env)
-    runtime = JobRuntime(
-        job_dir=job_dir,
-        master_port=master,
-        control_port=control,
-        dist_port=dist,
-        secret=generation_secret(job_secret(info, env), generation),
-        python=sys.executable,
-        pythonpath=worker_pythonpath(env, determined_compat),
-    )
-    write_private_file(runtime.cluster_info_file, json.dumps(info.to_file_dict(), indent=2))
-    return runtime
 
 
 def detection_env(options: LauncherOptions, env: Mapping[str, str]) -> Mapping[str, str]:
@@ -295,40 +193,40 @@ def run(
     if options.report_to:  # a missing package is one line here, before any worker starts
         check_trackers(options.report_to)
         extra_env[envvars.REPORT_TO] = ",".join(options.report_to)
+    check_min_nodes(options.min_nodes, options.max_restarts, info)
     judge = None if options.dry_run else restart_judge(
-        options.max_restarts, info, env, commit_check(env, info.checkpoint_storage))
-    generation, deferred = 0, frozenset[int]()
-    while True:
-        status, decision, deferred = _generation(build, args, info, env, options, extra_env,
-                                                 generation, judge, deferred)
-        if not decision.restart:
-            break
-        info, generation = generation_info(info, decision), decision.generation
+        options.max_restarts, info, env, commit_check(env, info.checkpoint_storage),
+        options.min_nodes)
+
+    def one(gen: Generation) -> tuple[int, Decision, frozenset[int]]:
+        return _generation(build, args, env, options, extra_env, gen)
+
+    status, info = run_generations(info, judge, one)
     if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
         requeue_slurm_job(env)
     return status
 
 
 def _generation(
-    build: BuildPlan, args: BackendArgs, info: ClusterInfo, env: Mapping[str, str],
-    options: LauncherOptions, extra_env: Mapping[str, str], generation: int,
-    judge: Optional[RestartJudge], deferred: frozenset[int],
+    build: BuildPlan, args: BackendArgs, env: Mapping[str, str], options: LauncherOptions,
+    extra_env: Mapping[str, str], gen: Generation,
 ) -> tuple[int, Decision, frozenset[int]]:
     """One start of this node's workers, in its own job directory with its own
     secret: (exit status, whether the job restarts, the signals it kept
     pending for the next generation)."""
-    runtime = make_runtime(info, env, options.determined_compat, generation)
+    info = gen.info
+    runtime = make_runtime(info, env, options.determined_compat, gen.number, gen.members)
     try:
         plan = build(info, runtime, args)
         if extra_env:
             plan = dataclasses.replace(plan, env={**extra_env, **plan.env})
         if options.dry_run:
             print(plan.render())
-            return 0, Decision(False), deferred
-        if generation == 0 and (env.get(envvars.C10D_PORT) or not info.single_node):
+            return 0, Decision(False), gen.deferred
+        if gen.number == 0 and (env.get(envvars.C10D_PORT) or not info.single_node):
             check_ports_free(info, runtime)
-        supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=judge,
-                                deferred=deferred)
+        supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=gen.judge,
+                                deferred=gen.deferred)
         return supervisor.run(), supervisor.decision, supervisor.deferred
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)

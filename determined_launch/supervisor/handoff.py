@@ -6,7 +6,8 @@ every node has hung up, which a node does only once all its workers of this
 generation are gone: so no worker of an old generation is alive when the
 next generation's processes (and its new control channel and job secret)
 start anywhere. A node waits for that decision; a chief that vanishes
-instead means no restart.
+instead leaves the node to decide alone (``--min-nodes``: the survivors
+continue without it; otherwise no restart).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ def announce(link: ChiefLink, decision: Decision, timeout: float) -> Decision:
     return final
 
 
-def await_chief(link: ControlLink, early: Optional[Message], timeout: float) -> Decision:
+def await_chief(link: ControlLink, early: Optional[Message], timeout: float
+                ) -> Optional[Decision]:
     """Node: the chief's decision (``early``: one that arrived while this node
     was still stopping; a later one, sent when the chief gave up waiting for
-    this node, replaces it), or no restart if the chief is lost or silent."""
+    this node, replaces it), ``None`` if the chief was lost before it decided,
+    or no restart if it stays silent."""
     deadline = time.monotonic() + timeout
     msg = early
     while True:
@@ -57,8 +60,7 @@ def await_chief(link: ControlLink, early: Optional[Message], timeout: float) -> 
         if msg is not None:
             return Decision.from_message(msg)
         if lost:
-            return Decision(False, "not restarting: the chief's launcher was lost before it "
-                                   "decided on a restart")
+            return None
         if time.monotonic() >= deadline:
             return Decision(False, f"not restarting: no word from the chief's launcher within "
                                    f"{timeout:g}s")

@@ -18,8 +18,8 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from determined_launch import envvars
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
@@ -31,9 +31,18 @@ from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSe
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
 from determined_launch.supervisor.restarts import Decision
 
-#: The chief's (or a single node's) restart decision: from this generation's
-#: exit status and cause (``generations.Restarts.decide``).
-RestartJudge = Callable[[int, Optional[v.Failure]], Decision]
+
+class RestartJudge(Protocol):
+    """Whether the job restarts (``generations.Restarts``)."""
+
+    def decide(self, status: int, cause: Optional[v.Failure],
+               lost: frozenset[int] = frozenset()) -> Decision:
+        """From this generation's exit status, cause and the nodes (its
+        ranks) whose launchers are gone."""
+
+    def follow(self, decision: Decision) -> Decision:
+        """The chief's decision, as this node takes it."""
+
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
@@ -149,16 +158,24 @@ class Supervisor:
         from determined_launch.supervisor import handoff
 
         if self.link is None or self.info.is_chief:
-            decision = self.restarts(status, self.verdict.cause)
+            lost = frozenset[int]()
+            if isinstance(self.link, handoff.ChiefLink):  # those that are gone now
+                lost = frozenset(range(1, self.info.num_nodes)) - self.link.connected_nodes
+            decision = self.restarts.decide(status, self.verdict.cause, lost)
             if not isinstance(self.link, handoff.ChiefLink):
                 return decision
             # A node stops within kill_after (and its KILL retries), then waits for our word.
             bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
             return handoff.announce(self.link, decision, bound)
-        if self.verdict.chief_gone:  # its loss was this generation's news, already read
-            return Decision(False, "not restarting: the chief's launcher was lost")
-        # A signal meanwhile waits for the next generation (_defer_signals).
-        return handoff.await_chief(self.link, self._next, self.config.connect_timeout)
+        if not self.verdict.chief_gone:  # else its loss was this generation's news, already read
+            # A signal meanwhile waits for the next generation (_defer_signals).
+            word = handoff.await_chief(self.link, self._next, self.config.connect_timeout)
+            if word is not None:
+                self.restarts.decide(status, self.verdict.cause)  # this node's record; the chief's
+                return self.restarts.follow(word)                 # word is the job's
+        # No chief to ask: this node decides alone, as every survivor does, by the same rule
+        # (the same nodes minus the chief, with --min-nodes; else no restart), so they agree.
+        return self.restarts.decide(status, self.verdict.cause, frozenset({0}))
 
     def _prepare_files(self) -> None:
         for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):

@@ -16,7 +16,11 @@ Rules, in order:
   are final: none of them is a failure to retry;
 * ``max_restarts`` restarts at most;
 * a lost node (its launcher died, went silent or never connected) is final
-  too: every node must take part in the next generation;
+  too without ``--min-nodes``: every node must take part in the next
+  generation; with ``--min-nodes K`` the job continues on the others while
+  at least K remain, and that continuation uses one restart (the chief's
+  loss included: the survivors, the same nodes minus the lost ones, are
+  led by the lowest-ranked of them);
 * a failure that repeats at the same point stops early: the same exit status
   as the failure before it, and no checkpoint committed since that restart
   (the restart resumed from the same checkpoint and got nowhere), so a further
@@ -62,6 +66,9 @@ class Attempt:
     end: Progress
     #: a node's launcher was lost or never connected: the same nodes cannot restart
     node_lost: bool = False
+    #: the generation's nodes and those of them lost (original ranks)
+    members: tuple[int, ...] = ()
+    lost: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,47 +83,61 @@ class Decision:
     generation: int = 0
     #: for the final summary: the restarts made and why (``history``)
     history: str = ""
+    #: the next generation's nodes (original ranks); empty: the same as before
+    members: tuple[int, ...] = ()
 
     def to_message(self) -> dict[str, Any]:
         return {"restart": self.restart, "why": self.why, "repeated": self.repeated,
                 "checkpoint": self.resume.checkpoint, "steps": self.resume.steps,
-                "generation": self.generation, "history": self.history}
+                "generation": self.generation, "history": self.history,
+                "members": list(self.members)}
 
     @classmethod
     def from_message(cls, msg: Mapping[str, Any]) -> Decision:
         """The chief's decision as a node received it (malformed: no restart)."""
         checkpoint, steps, gen = msg.get("checkpoint"), msg.get("steps"), msg.get("generation")
+        members = msg.get("members", [])
         ok = (isinstance(msg.get("restart"), bool)
               and (checkpoint is None or isinstance(checkpoint, str))
-              and (steps is None or isinstance(steps, int)))
+              and (steps is None or isinstance(steps, int))
+              and isinstance(members, list) and all(type(m) is int for m in members))
         if not ok or not isinstance(gen, int):
             return cls(False, "the chief's restart decision was malformed; not restarting")
         return cls(bool(msg["restart"]), str(msg.get("why") or ""), bool(msg.get("repeated")),
-                   Progress(checkpoint, steps), gen, str(msg.get("history") or ""))
+                   Progress(checkpoint, steps), gen, str(msg.get("history") or ""),
+                   tuple(members))
 
 
 def repeated(previous: Attempt, last: Attempt) -> bool:
     """``last`` failed as ``previous`` did, at the same point: same status,
     and the restart between them committed no checkpoint."""
     return (last.status == previous.status and last.start == last.end
-            and previous.end == last.start)
+            and previous.end == last.start and not (previous.node_lost or previous.lost))
 
 
-def decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress) -> Decision:
+def nodes(ranks: Sequence[int]) -> str:
+    """``node 2`` / ``nodes 0, 2``."""
+    return f"node{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
+
+
+def decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress,
+           min_nodes: Optional[int] = None) -> Decision:
     """After ``attempts[-1]`` ended: restart, or stop with the reason and the
     history of the restarts made (see ``_decide``)."""
-    decision = _decide(max_restarts, attempts, initial)
+    decision = _decide(max_restarts, attempts, initial, min_nodes)
     if decision.restart:
         return decision
     return dataclasses.replace(decision, history=history(attempts))
 
 
-def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress) -> Decision:
+def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress,
+            min_nodes: Optional[int]) -> Decision:
     """After ``attempts[-1]`` ended: restart, or stop with the reason.
 
     ``initial`` is the resume point the job started from; a restart resumes
     from the newest checkpoint this job committed, else from ``initial``
     (``--fresh``'s fresh start, or the cluster info's checkpoint, again).
+    ``min_nodes``: ``--min-nodes`` (``None``: every node is needed).
     """
     last = attempts[-1]
     done = len(attempts) - 1  # restarts already made
@@ -127,10 +148,18 @@ def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress) -
                         if max_restarts else "")
     if max_restarts == 0:
         return Decision(False)
-    if last.node_lost:
-        # Its launcher is gone; continuing on the other nodes (--min-nodes) is not built yet.
-        return Decision(False, f"not restarting: {last.cause}; a restart needs every node")
-    if len(attempts) >= 2 and repeated(attempts[-2], last):
+    members = last.members
+    if last.node_lost or last.lost:
+        also = "" if last.node_lost else f"; {nodes(last.lost)} lost"
+        if min_nodes is None or not last.lost:
+            return Decision(False, f"not restarting: {last.cause}{also}; a restart needs every "
+                                   f"node")
+        members = tuple(n for n in last.members if n not in last.lost)
+        if len(members) < min_nodes:
+            return Decision(False, (
+                f"not restarting: {last.cause}; {nodes(last.lost)} lost: {len(members)} of "
+                f"{len(last.members)} nodes left, fewer than --min-nodes {min_nodes}"))
+    elif len(attempts) >= 2 and repeated(attempts[-2], last):
         return Decision(False, (
             f"not restarting: the same failure (exit status {last.status}) repeated at the same "
             f"point ({last.end.describe()}): restart {done} committed no checkpoint, so another "
@@ -139,9 +168,13 @@ def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress) -
         return Decision(False, f"not restarting: all {max_restarts} restart"
                                f"{'s' if max_restarts > 1 else ''} used")
     resume = last.end if last.end.checkpoint is not None else initial
+    where = ""
+    if members != last.members:  # the chief is the lowest surviving node: every node agrees
+        where = f"; continuing without {nodes(last.lost)} on {nodes(members)}"
     return Decision(True, (f"restart {done + 1} of {max_restarts} after {last.cause} "
-                           f"(generation {last.generation}); resuming from {resume.describe()}"),
-                    resume=resume, generation=last.generation + 1)
+                           f"(generation {last.generation}){where}; resuming from "
+                           f"{resume.describe()}"),
+                    resume=resume, generation=last.generation + 1, members=members)
 
 
 def history(attempts: Sequence[Attempt]) -> str:

@@ -1,0 +1,232 @@
+"""``--min-nodes K``: losing a node (the chief's included) continues on the
+others. The pure parts (policy, membership, the survivors' agreement), and
+real launchers as simulated nodes on loopback running a Core API worker
+whose weight depends on every sample's position."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from determined_launch import config, generations
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.errors import LaunchError
+from determined_launch.supervisor.events import Failure
+from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
+from tests.conftest import WORKERS, Launch, base_env, free_port_block, write_cluster_info
+
+NONE = Progress()
+C4 = Progress("ck-4", 4)
+LOST2 = "the launcher on node 2 (h2) was lost (its connection closed)"
+
+
+def lost(members: tuple[int, ...], gone: tuple[int, ...], gen: int = 0,
+         cause: str = LOST2) -> Attempt:
+    return Attempt(gen, 1, cause, False, NONE, C4, node_lost=True, members=members, lost=gone)
+
+
+# ------------------------------------------------------------------ the pure policy
+def test_a_lost_node_continues_on_the_others_and_uses_a_restart() -> None:
+    d = decide(2, [lost((0, 1, 2), (2,))], NONE, min_nodes=2)
+    assert d.restart and d.members == (0, 1) and d.resume == C4 and d.generation == 1
+    assert d.why == (f"restart 1 of 2 after {LOST2} (generation 0); continuing without node 2 "
+                     "on nodes 0, 1; resuming from checkpoint ck-4, steps_completed 4")
+    used = [lost((0, 1, 2), (2,)), lost((0, 1), (1,), gen=1)]
+    assert decide(1, used, NONE, min_nodes=1).why == "not restarting: all 1 restart used"
+    # a second loss is not "the same failure repeated": it continues again
+    again = decide(2, used, NONE, min_nodes=1)
+    assert again.restart and again.members == (0,)
+
+
+def test_below_min_nodes_is_a_clean_failure_naming_the_lost_nodes() -> None:
+    d = decide(5, [lost((0, 1, 2), (1, 2))], NONE, min_nodes=2)
+    assert not d.restart
+    assert d.why == (f"not restarting: {LOST2}; nodes 1, 2 lost: 1 of 3 nodes left, fewer than "
+                     "--min-nodes 2")
+    # without --min-nodes every node is needed, as before
+    assert decide(5, [lost((0, 1, 2), (2,))], NONE).why.endswith("a restart needs every node")
+
+
+def test_a_worker_failure_with_a_node_gone_continues_without_that_node() -> None:
+    crash = Attempt(0, 3, "rank 0 on node 0 (h0) exited with status 3", False, NONE, C4,
+                    members=(0, 1, 2), lost=(1,))
+    d = decide(3, [crash], NONE, min_nodes=2)
+    assert d.restart and d.members == (0, 2)
+    no_min = decide(3, [crash], NONE)
+    assert not no_min.restart and "status 3; node 1 lost; a restart needs every node" in no_min.why
+
+
+def judges(n: int, max_restarts: int = 3, min_nodes: int = 1) -> list[generations.Restarts]:
+    return [generations.Restarts(max_restarts, lambda: C4, NONE, tuple(range(n)), me, min_nodes)
+            for me in range(n)]
+
+
+def test_survivors_of_the_chief_agree_without_talking() -> None:
+    """Each survivor decides alone (no chief to ask) and they reach the same
+    decision: the same nodes minus the chief, led by the lowest of them."""
+    chief_lost = Failure(1, "the chief's launcher", 0, "h0", 1.0, how="was lost")
+    nodes = judges(3)[1:]
+    decisions = [j.decide(1, chief_lost, frozenset({0})) for j in nodes]
+    assert decisions[0] == decisions[1]
+    assert decisions[0].restart and decisions[0].members == (1, 2)
+    assert decisions[0].generation == 1
+    # the next generation: node 1 is its chief (rank 0), node 2 its rank 1
+    original = ClusterInfo(("h0", "h1", "h2"), 2, (1, 2, 4), (0,), "test")
+    info = generations.membership_info(original, decisions[0].members, "ck-4")
+    assert (info.container_addrs, info.container_rank, info.container_slot_counts,
+            info.chief_ip, info.latest_checkpoint) == (("h1", "h2"), 1, (2, 4), "h1", "ck-4")
+
+
+def test_nodes_keep_count_of_restarts_they_followed() -> None:
+    """A node that followed the chief's restarts counts them too, so if the
+    chief is lost later the survivors still number generations alike (each
+    has its own secret) and stop at --max-restarts."""
+    chief, node = judges(2, max_restarts=2)
+    crash = Failure(3, "rank 1", 1, "h1", 1.0)
+    word = chief.decide(3, crash)
+    node.decide(3, crash)
+    assert node.follow(Decision.from_message(word.to_message())) == word
+    chief_lost = Failure(1, "the chief's launcher", 0, "h0", 1.0, how="was lost")
+    alone = node.decide(1, chief_lost, frozenset({0}))
+    assert alone.restart and alone.generation == 2 and alone.members == (1,)
+    assert not node.decide(1, Failure(3, "rank 0", 0, "h1", 1.0)).restart  # 2 of 2 used
+
+
+def test_a_node_the_others_continue_without_does_not_start_again() -> None:
+    _, silent = judges(2)  # the chief lost it (no heartbeat) while it still runs
+    d = silent.follow(Decision(True, "restart 1 of 3 ...", resume=C4, generation=1, members=(0,)))
+    assert not d.restart
+    assert d.why == ("not restarting: the job continues on node 0 without this node (node 1), "
+                     "which it lost")
+
+
+def test_members_cross_the_wire_and_bind_the_secret() -> None:
+    d = decide(2, [lost((0, 1, 2), (2,))], NONE, min_nodes=2)
+    assert Decision.from_message(d.to_message()) == d
+    assert not Decision.from_message({**d.to_message(), "members": ["0"]}).restart
+    two_groups = {generations.generation_secret("s" * 32, 1, m) for m in ((0, 1), (1, 2))}
+    assert len(two_groups) == 2
+
+
+def test_min_nodes_option_and_its_checks() -> None:
+    assert config.resolve({})["min_nodes"] is None
+    assert config.resolve({"DET_LAUNCH_MIN_NODES": "2"})["min_nodes"] == 2
+    with pytest.raises(LaunchError, match=r"^environment variable DET_LAUNCH_MIN_NODES: expected"):
+        config.resolve({"DET_LAUNCH_MIN_NODES": "0"})
+    info = ClusterInfo(("h0", "h1"), 0, (1, 1), (0,), "test")
+    generations.check_min_nodes(None, 0, info)
+    generations.check_min_nodes(2, 1, info)
+    with pytest.raises(LaunchError, match=r"^--min-nodes 1 \(DET_LAUNCH_MIN_NODES\) needs "
+                                          r"--max-restarts N >= 1"):
+        generations.check_min_nodes(1, 0, info)
+    with pytest.raises(LaunchError, match=r"is more than this job's 2 nodes$"):
+        generations.check_min_nodes(3, 1, info)
+
+
+# ------------------------------------------------------------------ real jobs
+WORKER = [sys.executable, str(WORKERS / "elastic_worker.py")]
+STEPS, CKPT_EVERY = 12, 4
+
+
+def model():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(WORKERS))
+    try:
+        import elastic_model
+    finally:
+        sys.path.remove(str(WORKERS))
+    return elastic_model
+
+
+def reference(skip: int = -1, repeat: int = -1) -> float:
+    """The uninterrupted one-process run's weight (``skip``/``repeat``: with that
+    step's batch left out or used twice)."""
+    m = model()
+    w = 0.0
+    for step in range(STEPS):
+        batch = sum(m.sample(i) for i in range(step * m.GLOBAL_BATCH, (step + 1) * m.GLOBAL_BATCH))
+        for _ in range(0 if step == skip else 2 if step == repeat else 1):
+            w = m.update(w, step, batch)
+    return w
+
+
+def test_the_model_notices_a_skipped_or_repeated_batch() -> None:
+    moved = [abs(reference(skip=s) - reference()) for s in range(STEPS)]
+    moved += [abs(reference(repeat=s) - reference()) for s in range(STEPS)]
+    assert min(moved) >= 3e-4
+
+
+def start_nodes(tmp_path: Path, n: int, launches: list[Launch], flags: tuple[str, ...],
+                **extra: str) -> list[Launch]:
+    """``det-launch FLAGS exec -- elastic_worker`` as ``n`` simulated nodes on loopback."""
+    port = free_port_block()
+    nodes = []
+    for rank in range(n):
+        info = write_cluster_info(tmp_path / f"node{rank}.json",
+                                  container_addrs=["127.0.0.1"] * n, container_rank=rank,
+                                  container_slot_counts=[1] * n)
+        env = base_env(DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port),
+                       DET_DIST_SECRET="m" * 32, DET_KILL_AFTER="3", NODE_ID=str(rank),
+                       DET_RUN_DIR=str(tmp_path / "run"), STEPS=str(STEPS),
+                       CKPT_EVERY=str(CKPT_EVERY), PAUSE_FILE=str(tmp_path / "paused"),
+                       PAUSE_AT="6", DET_LAUNCH_CONNECT_TIMEOUT="20", **extra)
+        nodes.append(Launch([sys.executable, "-m", "determined_launch.cli", *flags, "exec",
+                             "--", *WORKER], env))
+    launches.extend(nodes)
+    return nodes
+
+
+def kill_when_paused(tmp_path: Path, node: Launch) -> None:
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "paused").exists():
+        assert time.monotonic() < deadline and node.proc.poll() is None, "no pause"
+        time.sleep(0.05)
+    node.proc.kill()  # its host died: no goodbye (its worker dies with it)
+    node.wait(10)
+
+
+def final_w(out: str) -> float:
+    found = re.findall(r"final w=(\S+)", out)
+    assert len(found) == 1, out
+    return float(found[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [2, 0], ids=["worker-node", "chief-node"])
+def test_losing_a_node_continues_on_the_others_with_the_exact_weight(
+        tmp_path: Path, launches: list[Launch], victim: int) -> None:
+    """3 nodes, --min-nodes 2: the node is killed at step 6 (checkpoint at 4);
+    the other two continue from step 4, led by the lowest survivor, and end
+    with the uninterrupted run's weight."""
+    nodes = start_nodes(tmp_path, 3, launches, ("--max-restarts", "2", "--min-nodes", "2"),
+                        PAUSE_NODE=str(victim))
+    kill_when_paused(tmp_path, nodes[victim])
+    survivors = [n for i, n in enumerate(nodes) if i != victim]
+    for node in survivors:
+        assert node.wait(60) == 0, node.stdout + node.stderr
+    leader = survivors[0]  # the lowest surviving node: the new chief (rank 0)
+    assert math.isclose(final_w(leader.stdout), reference(), abs_tol=1e-9), leader.stdout
+    assert f"node={1 if victim == 0 else 0} rank=0 size=2 start=4" in leader.stdout
+    for node in survivors:
+        assert re.search(rf"restart 1 of 2 after the (chief's )?launcher on node {victim} "
+                         rf".*continuing without node {victim} on nodes", node.stderr), node.stderr
+        assert "job succeeded on 2 nodes (exit status 0) after 1 restart" in node.stderr
+    for node in nodes:
+        assert node.leftovers() == []
+
+
+@pytest.mark.slow
+def test_below_min_nodes_the_job_fails_naming_the_lost_node(tmp_path: Path,
+                                                             launches: list[Launch]) -> None:
+    nodes = start_nodes(tmp_path, 2, launches, ("--max-restarts", "2", "--min-nodes", "2"),
+                        PAUSE_NODE="1")
+    kill_when_paused(tmp_path, nodes[1])
+    assert nodes[0].wait(30) == 1, nodes[0].stderr
+    assert ("not restarting: the launcher on node 1 (127.0.0.1) was lost (its connection closed: "
+            "the launcher was killed or crashed); node 1 lost: 1 of 2 nodes left, fewer than "
+            "--min-nodes 2") in nodes[0].stderr, nodes[0].stderr
+    assert nodes[0].leftovers() == []
