@@ -3,6 +3,7 @@ pick free ports, and prove that no process outlives its launcher."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -50,6 +51,11 @@ def base_env(**extra: str) -> dict[str, str]:
             "C10D_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "JOB_COMPLETION_INDEX"
         ):
             del env[var]
+    # The suite's launched jobs check exact CPU math; on a machine with GPUs
+    # they stay on CPU (a 2-rank job on 1 GPU cannot run NCCL) unless a test
+    # asks for GPUs (tests/test_gpu.py). No change on a machine without any.
+    if glob.glob("/dev/nvidia[0-9]*"):
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
 

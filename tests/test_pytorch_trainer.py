@@ -195,7 +195,12 @@ def test_nan_loss_warns_once_and_continues(tmp_path: Path, caplog: pytest.LogCap
 
 
 def test_amp_on_cpu_is_disabled_and_exact(tmp_path: Path) -> None:
+    import torch
+
     from tests.pytorch_fixtures.onevar import OneVarTrial
+
+    if torch.cuda.is_available():
+        pytest.skip("checks AMP without a GPU (with one: test_pytorch_trainer_amp.py)")
 
     class Amp(OneVarTrial):
         def __init__(self, context):  # type: ignore[no-untyped-def]
@@ -205,8 +210,6 @@ def test_amp_on_cpu_is_disabled_and_exact(tmp_path: Path) -> None:
     trial, _ = run_trial(tmp_path, Amp, max_length=pytorch.Batch(5))
     assert trial.context._scaler is not None and not trial.context._scaler.is_enabled()
     assert batch_metrics(tmp_path)[-1]["w_after"] == pytest.approx(expected_weight(5), abs=1e-7)
-    import torch
-
     (state,) = (tmp_path / "ckpt").glob("*/state_dict.pth")
     assert "scaler_state_dict" in torch.load(state, weights_only=True)
 

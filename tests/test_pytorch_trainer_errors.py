@@ -134,7 +134,9 @@ def test_context_state_errors(ctx: Any) -> None:
         ctx.wrap_lr_scheduler(plateau, pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
     with pytest.raises(InvalidExperimentException, match="backward_passes_per_step"):
         ctx.wrap_optimizer(opt, backward_passes_per_step=0)
-    with pytest.raises(InvalidExperimentException, match="supported only on GPU"):
+    # Without a GPU AMP cannot run at all; with one, apex is what is missing.
+    apex = "needs NVIDIA apex" if torch.cuda.is_available() else "supported only on GPU"
+    with pytest.raises(InvalidExperimentException, match=apex):
         with pytest.warns(FutureWarning):
             ctx.configure_apex_amp(model, opt)
 
@@ -228,3 +230,14 @@ def test_seed002_load_checkpoint_trial_and_predict(tmp_path: Path) -> None:
         loader = pytorch.DataLoader(PairsDataset(8), batch_size=4)
         outs = ctx.predict(trial, loader)
     assert len(outs) == 2 and outs[0]["weight"] == pytest.approx(w)
+
+
+def test_more_local_ranks_than_gpus_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from determined_launch.pytorch.api.context import local_gpu
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [local_gpu(r, 2) for r in (0, 1)] == [0, 1]
+    with pytest.raises(InvalidExperimentException,
+                       match=r"local rank 2 has no GPU of its own: 3 ranks on this node but "
+                             r"2 visible GPU\(s\); start one rank per GPU"):
+        local_gpu(2, 3)

@@ -87,6 +87,21 @@ def _optim_state(name: str) -> Any:
     return property(lambda self: getattr(self._optim, name))
 
 
+def local_gpu(local_rank: int, local_ranks: int) -> int:
+    """The GPU of this rank: one per rank, by local rank, as NCCL needs (it
+    refuses two ranks on one GPU). More ranks on a node than visible GPUs is a
+    launch mistake (``--slots`` above the GPU count), named here instead of
+    CUDA's "invalid device ordinal" on some ranks."""
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise errors.InvalidExperimentException(
+            f"local rank {local_rank} has no GPU of its own: {local_ranks} ranks on this node but "
+            f"{count} visible GPU(s); start one rank per GPU (leave --slots out) or hide the "
+            "GPUs (CUDA_VISIBLE_DEVICES=) to train on CPU"
+        )
+    return local_rank
+
+
 class PyTorchTrialContext:
     """Context of one trial: distributed layout, hyperparameters, wrapped objects."""
 
@@ -146,6 +161,8 @@ class PyTorchTrialContext:
         self.lr_schedulers: list[LRScheduler] = self._optim.lr_schedulers
 
         self._epoch_len: Optional[int] = None
+        #: the world size of the checkpoint this run resumed from, when it differs
+        self._resized_from: Optional[int] = None
         self._batch_idx: Optional[int] = None
         self._stop_requested = False
         self._to_device_warned_types: set[type] = set()
@@ -158,7 +175,7 @@ class PyTorchTrialContext:
         if not self._managed_training or self._num_gpus <= 0 or not torch.cuda.is_available():
             return torch.device("cpu")
         index = getattr(self.distributed, "local_rank", 0) if self.distributed.size > 1 else 0
-        torch.cuda.set_device(index)
+        torch.cuda.set_device(local_gpu(index, getattr(self.distributed, "local_size", 1)))
         return torch.device("cuda", index)
 
     # ------------------------------------------------------------ configuration

@@ -26,7 +26,7 @@ from determined_launch.core._context import resolve_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
 from determined_launch.pytorch.api import seed002
-from determined_launch.pytorch.api.context import PyTorchTrialContext
+from determined_launch.pytorch.api.context import PyTorchTrialContext, local_gpu
 from determined_launch.pytorch.api.seed002 import _InitHandle
 from determined_launch.pytorch.api.trial import PyTorchTrial
 from determined_launch.pytorch.checkpoints.files import find_state_file
@@ -56,7 +56,7 @@ def _start_process_group(dist: DistributedContext) -> bool:
         return False
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
-        torch.cuda.set_device(dist.local_rank)
+        torch.cuda.set_device(local_gpu(dist.local_rank, dist.local_size))
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         init_method = "env://"
     else:
