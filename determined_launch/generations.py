@@ -20,9 +20,11 @@ import dataclasses
 import hashlib
 import json
 import pathlib
+import sys
 from collections.abc import Mapping
 from typing import Callable, Optional
 
+from determined_launch.claims import Claims
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
@@ -166,18 +168,29 @@ class Generation:
 
 
 def run_generations(info: ClusterInfo, judge: Optional[Restarts],
-                    one: Callable[[Generation], tuple[int, Decision, frozenset[int]]]
-                    ) -> tuple[int, ClusterInfo]:
-    """Run generations until one is not restarted: (its exit status, its info)."""
+                    one: Callable[[Generation], tuple[int, Decision, frozenset[int]]],
+                    claims: Optional[Claims] = None) -> tuple[int, ClusterInfo]:
+    """Run generations until one is not restarted: (its exit status, its info).
+    ``claims`` (``--min-nodes``): each generation's chief claims it first, so
+    two groups of nodes that lost sight of each other never both continue."""
     gen = Generation(0, info, tuple(range(info.num_nodes)), judge)
+    if claims is not None and info.is_chief:
+        claims.start(gen.members)
     while True:
         status, decision, deferred = one(gen)
         if not decision.restart:
             return status, gen.info
         members = decision.members or gen.members
-        gen = Generation(decision.generation,
+        nxt = Generation(decision.generation,
                          membership_info(info, members, decision.resume.checkpoint),
                          members, judge, deferred)
+        why = claims.claim(nxt.number, members, gen.members) if (
+            claims is not None and nxt.info.is_chief) else None
+        if why is not None:
+            print(f"det-launch: not restarting: {why}; exit status {status}", file=sys.stderr,
+                  flush=True)
+            return status, gen.info
+        gen = nxt
 
 
 def generation_secret(secret: Optional[str], generation: int,

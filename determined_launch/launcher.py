@@ -19,6 +19,7 @@ from typing import Any, Optional
 from determined_launch import config, envvars, expconf
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
+from determined_launch.claims import Claims
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
@@ -26,6 +27,7 @@ from determined_launch.cluster.local_trial import (
     CONFIG_ENV,
     LocalTrialOptions,
     complete,
+    run_dir_for,
     searcher_env,
 )
 from determined_launch.cluster.torchrun_env import refuse_nested_launch
@@ -201,7 +203,10 @@ def run(
     def one(gen: Generation) -> tuple[int, Decision, frozenset[int]]:
         return _generation(build, args, env, options, extra_env, gen)
 
-    status, info = run_generations(info, judge, one)
+    # --min-nodes: nodes may continue without others; claims keep that to one group
+    claims = Claims(run_dir_for(info.trial, env)) if (
+        judge is not None and options.min_nodes is not None and info.trial is not None) else None
+    status, info = run_generations(info, judge, one, claims)
     if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
         requeue_slurm_job(env)
     return status

@@ -5,6 +5,7 @@ whose weight depends on every sample's position."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -128,6 +129,28 @@ def test_min_nodes_option_and_its_checks() -> None:
         generations.check_min_nodes(3, 1, info)
 
 
+def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
+    """A partition: nodes 0+2 and node 1 each think the others lost. The first
+    claim of generation 1 wins; the other group stops, even when it later tries
+    generation 2 on its own."""
+    from determined_launch.claims import Claims
+
+    Claims(tmp_path).start((0, 1, 2))
+    a, b = Claims(tmp_path), Claims(tmp_path)
+    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None
+    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None  # the same group again: fine
+    assert b.claim(1, (1, 2), previous=(0, 1, 2)) == (
+        "generation 1 of this job was already started by nodes 0, 2")
+    assert b.claim(2, (1,), previous=(1, 2)) == (
+        "generation 1 of this job ran on nodes 0, 2, not on this group's nodes 1, 2: another "
+        "group of nodes continued the job")
+    assert a.claim(2, (0,), previous=(0, 2)) is None
+    assert sorted(p.name for p in (tmp_path / "generations").iterdir()) == [
+        "0.json", "1.json", "2.json"]  # whole files only, no temporaries
+    Claims(tmp_path).start((0, 1, 2))  # a new job: the old claims go
+    assert b.claim(1, (1, 2), previous=(0, 1, 2)) is None
+
+
 # ------------------------------------------------------------------ real jobs
 WORKER = [sys.executable, str(WORKERS / "elastic_worker.py")]
 STEPS, CKPT_EVERY = 12, 4
@@ -215,6 +238,8 @@ def test_losing_a_node_continues_on_the_others_with_the_exact_weight(
         assert re.search(rf"restart 1 of 2 after the (chief's )?launcher on node {victim} "
                          rf".*continuing without node {victim} on nodes", node.stderr), node.stderr
         assert "job succeeded on 2 nodes (exit status 0) after 1 restart" in node.stderr
+    claim = json.loads((tmp_path / "run" / "generations" / "1.json").read_text())
+    assert claim["members"] == [i for i in range(3) if i != victim]  # claimed by its chief
     for node in nodes:
         assert node.leftovers() == []
 
