@@ -20,6 +20,7 @@ import torch
 from determined_launch.core._rundir import read_jsonl
 from determined_launch.pytorch.api.trial import _state_from_dict, _TrialState
 from determined_launch.pytorch.checkpoints import files as cio
+from determined_launch.pytorch.data.batch_sizes import resize_check
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -79,12 +80,31 @@ class Checkpointer:
             return steps_completed
         with self.restore_path(latest_checkpoint) as path:
             saved = cio.read_trial_state(path)
+            metadata = cio.read_metadata(path)
         if saved is None:
             return 0
         saved_id = saved.get("trial_id")
         if saved_id is not None and int(saved_id) != self.trial_id:
             return 0
+        self._check_world(metadata)
         return int(saved.get("batches_trained") or 0)
+
+    def _check_world(self, metadata: dict[str, Any]) -> None:
+        """Issue 27: a resume on another world size keeps the global batch (or
+        stops here, naming both numbers). The data stream needs nothing more: it
+        is sharded from the same global order and skips global batches."""
+        saved_slots = metadata.get("world_size")
+        saved_global = metadata.get("global_batch_size")
+        line = resize_check(
+            saved_slots if isinstance(saved_slots, int) else None,
+            saved_global if isinstance(saved_global, int) else None,
+            self.context.distributed.size,
+            _hparam_global_batch(self.context),
+        )
+        if line is not None:
+            self.context._resized_from = saved_slots
+            if self.is_chief:
+                logger.info("%s", line)
 
     # ------------------------------------------------------------ save
     def save(self, state: _TrialState, already_exiting: bool) -> str:
@@ -101,7 +121,11 @@ class Checkpointer:
                 "format": "pickle",
                 "trial_id": self.trial_id,
                 "trial_seed": self.context._trial_seed,
+                # issue 27: a resume on another world size compares against these
+                "world_size": dist.size,
             }
+            if self.context._global_batch_size is not None:
+                metadata["global_batch_size"] = self.context._global_batch_size
             with self.core_context.checkpoint.store_path(metadata) as (path, storage_id):
                 self._save(pathlib.Path(path), state)
                 uuid = storage_id
@@ -252,6 +276,12 @@ class Checkpointer:
         ids = (0, None) if self.trial_id == 0 else (self.trial_id,)
         steps = [r.get("steps_completed") for r in records if r.get("trial_id") in ids]
         return int(steps[-1]) if steps and steps[-1] is not None else None
+
+
+def _hparam_global_batch(context: Any) -> Optional[int]:
+    """The ``global_batch_size`` hparam, if it is an int (``init`` validated it)."""
+    value = (context._hparams or {}).get("global_batch_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _base_load_state_dict() -> Any:

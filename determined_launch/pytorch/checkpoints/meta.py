@@ -251,6 +251,12 @@ def read_load_data(path: PathLike) -> dict[str, Any]:
     )
 
 
+def read_metadata(path: PathLike) -> dict[str, Any]:
+    """The checkpoint's ``metadata.json`` (``{}`` for a directory without one)."""
+    metadata_file = pathlib.Path(path) / METADATA_FILE
+    return _read_json(metadata_file) if metadata_file.is_file() else {}
+
+
 def _read_json(file: pathlib.Path) -> dict[str, Any]:
     try:
         with open(file, encoding="utf-8") as f:

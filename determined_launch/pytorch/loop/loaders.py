@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any, Optional
+
+import torch.utils.data as tud
 
 from determined_launch.pytorch.api.trial import _evaluate_batch_defined
 from determined_launch.pytorch.data.loader import DataLoader, _dataset_repro_warning
+
+logger = logging.getLogger("determined_launch.pytorch")
 
 
 def _checked_loader(context: Any, data: Any, builder: str) -> Any:
@@ -34,6 +39,8 @@ def build_loaders(trial: Any, context: Any, steps_completed: int) -> tuple[Any, 
         )
     else:
         training_loader = _checked_loader(context, train_data, "build_training_data_loader")
+    if context._resized_from is not None and is_chief:
+        _warn_inexact_resize(context, train_data)
     try:
         epoch_len = len(training_loader)
     except TypeError:
@@ -61,6 +68,35 @@ def build_loaders(trial: Any, context: Any, steps_completed: int) -> tuple[Any, 
     elif sharded or is_chief:
         validation_loader = _checked_loader(context, val_data, "build_validation_data_loader")
     return training_loader, validation_loader
+
+
+def _warn_inexact_resize(context: Any, train_data: Any) -> None:
+    """Resumed on another world size: say when the stream cannot stay the same.
+
+    Our loader's global batch ``k`` is records ``k*G .. k*G+G-1`` of the epoch's
+    order, split over the ranks, whatever their number, as long as an epoch holds
+    a multiple of ``G`` records; otherwise the epoch's short last batch is cut into
+    per-slot batches differently, and every later batch shifts.
+    """
+    slots = f"{context.distributed.size} slot" + ("s" if context.distributed.size > 1 else "")
+    if not isinstance(train_data, DataLoader):
+        logger.warning(
+            "the training loader is not a det.pytorch.DataLoader: continuing the same "
+            "sample stream on %s (sharding, skipping) is the trial's own", slots,
+        )
+        return
+    gbs = context._global_batch_size
+    batches = train_data.batch_sampler
+    if gbs is None or not isinstance(batches, tud.BatchSampler):
+        return
+    if isinstance(batches.sampler, Sized) and len(batches.sampler) % gbs:
+        logger.warning(
+            "the training data has %d records per epoch, not a multiple of the global "
+            "batch %d: the short last batch of an epoch is cut into per-slot batches "
+            "differently on %s than on %d, so the records of later global batches are not "
+            "those a run on %d would have trained on",
+            len(batches.sampler), gbs, slots, context._resized_from, context._resized_from,
+        )
 
 
 def training_batches(iterator: Any, loader: Any) -> Iterator[Any]:
