@@ -87,8 +87,8 @@ class Restarts:
         preempted = status == EXIT_PREEMPTED and cause is None
         launcher = cause is not None and not cause.interrupt and cause.what in LAUNCHERS
         gone = {self.members[n] for n in lost if 0 <= n < len(self.members)}
-        if launcher and cause is not None and 0 <= cause.node < len(self.members):
-            gone.add(self.members[cause.node])
+        if launcher and cause is not None and cause.node in self.members:
+            gone.add(cause.node)  # messages name nodes by their original rank
         self.attempts.append(Attempt(
             generation=len(self.attempts), status=status,
             cause="" if cause is None or preempted else cause.describe(),

@@ -231,7 +231,7 @@ def _generation(
         if gen.number == 0 and (env.get(envvars.C10D_PORT) or not info.single_node):
             check_ports_free(info, runtime)
         supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=gen.judge,
-                                deferred=gen.deferred)
+                                deferred=gen.deferred, members=gen.members)
         return supervisor.run(), supervisor.decision, supervisor.deferred
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)

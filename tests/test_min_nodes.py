@@ -114,6 +114,27 @@ def test_members_cross_the_wire_and_bind_the_secret() -> None:
     assert len(two_groups) == 2
 
 
+def test_messages_name_nodes_by_their_original_rank() -> None:
+    """After node 0 was lost, generation 1 runs original nodes 1 and 2 as its
+    ranks 0 and 1; its messages still say node 2 for node 2."""
+    from determined_launch.supervisor import verdict as v
+
+    verdict = v.Verdict(v.Settings(
+        role=v.Role.CHIEF, node=0, hosts=("h1", "h2"), roles=("worker",), names=("rank 0",),
+        preempt_signals=(), preempt_grace=30.0, kill_after=5.0, connect_timeout=300.0,
+        ids=(1, 2)), now=0.0)
+    verdict.handle(v.PeerMessage(v.message(v.Kind.LOST, node=1, why="was lost (test)")),
+                   1.0, 1001.0)
+    verdict.tick(10.0, 1010.0)  # the failure window closes
+    assert verdict.cause is not None
+    assert verdict.cause.describe() == "the launcher on node 2 (h2) was lost (test)"
+    crash = verdict._rank_failure(v.RankExited(0, 3, 1000.0))
+    assert crash.describe() == "rank 0 on node 1 (h1) exited with status 3"
+    # the chief's record maps it back to the same node
+    j = generations.Restarts(2, lambda: C4, NONE, (1, 2), 1, min_nodes=1)
+    assert j.decide(1, verdict.cause).members == (1,)
+
+
 def test_min_nodes_option_and_its_checks() -> None:
     assert config.resolve({})["min_nodes"] is None
     assert config.resolve({"DET_LAUNCH_MIN_NODES": "2"})["min_nodes"] == 2

@@ -231,10 +231,22 @@ class Settings:
     preempt_grace: float
     kill_after: float
     connect_timeout: float
+    #: each node's name in messages, by this generation's rank: its rank in the job's
+    #: first node list (``--min-nodes`` generations have fewer nodes); empty: the same
+    ids: tuple[int, ...] = ()
 
     @property
     def host(self) -> str:
         return self.hosts[self.node]
+
+    @property
+    def me(self) -> int:
+        """This node's name in messages."""
+        return self.ident(self.node)
+
+    def ident(self, node: int) -> int:
+        """How messages name the node of this generation's rank ``node``."""
+        return self.ids[node] if 0 <= node < len(self.ids) else node
 
     def addr(self, node: int) -> str:
         return self.hosts[node] if 0 <= node < len(self.hosts) else "?"

@@ -16,8 +16,8 @@ import time
 from typing import Optional
 
 from determined_launch.supervisor.control import ChiefLink, ControlLink
-from determined_launch.supervisor.events import Kind, Message, message
-from determined_launch.supervisor.restarts import Decision
+from determined_launch.supervisor.events import Failure, Kind, Message, message
+from determined_launch.supervisor.restarts import Decision, RestartJudge
 
 _POLL = 0.05
 
@@ -65,3 +65,25 @@ def await_chief(link: ControlLink, early: Optional[Message], timeout: float
             return Decision(False, f"not restarting: no word from the chief's launcher within "
                                    f"{timeout:g}s")
         time.sleep(_POLL)
+
+
+def chief_decides(link: ChiefLink, judge: RestartJudge, status: int, cause: Optional[Failure],
+                  timeout: float) -> Decision:
+    """Chief: decide (the nodes not connected now are lost) and tell every node."""
+    lost = frozenset(range(1, link.num_nodes)) - link.connected_nodes
+    return announce(link, judge.decide(status, cause, lost), timeout)
+
+
+def node_decides(link: ControlLink, judge: RestartJudge, status: int, cause: Optional[Failure],
+                 chief_gone: bool, early: Optional[Message], timeout: float) -> Decision:
+    """Node: follow the chief's decision, keeping this node's own record of
+    the generation; with no chief to ask (``chief_gone``: its loss was this
+    generation's news), decide alone, as every survivor does, by the same
+    rule (the same nodes minus the chief, with ``--min-nodes``; else no
+    restart), so that they agree."""
+    if not chief_gone:
+        word = await_chief(link, early, timeout)
+        if word is not None:
+            judge.decide(status, cause)
+            return judge.follow(word)
+    return judge.decide(status, cause, frozenset({0}))

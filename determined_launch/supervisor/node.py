@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch import envvars
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
@@ -29,20 +29,7 @@ from determined_launch.supervisor.config import SupervisorConfig
 from determined_launch.supervisor.files import remove_leftovers, write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
-from determined_launch.supervisor.restarts import Decision
-
-
-class RestartJudge(Protocol):
-    """Whether the job restarts (``generations.Restarts``)."""
-
-    def decide(self, status: int, cause: Optional[v.Failure],
-               lost: frozenset[int] = frozenset()) -> Decision:
-        """From this generation's exit status, cause and the nodes (its
-        ranks) whose launchers are gone."""
-
-    def follow(self, decision: Decision) -> Decision:
-        """The chief's decision, as this node takes it."""
-
+from determined_launch.supervisor.restarts import Decision, RestartJudge
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
@@ -65,7 +52,10 @@ class Supervisor:
         config: Optional[SupervisorConfig] = None,
         restarts: Optional[RestartJudge] = None,
         deferred: frozenset[int] = frozenset(),
+        members: tuple[int, ...] = (),
     ) -> None:
+        """``members``: the nodes' names in messages, by this generation's rank
+        (their ranks in the job's first node list); empty: the ranks themselves."""
         config = config or SupervisorConfig()
         #: signals the previous generation blocked for this one (``_defer_signals``);
         #: after ``run``, those this one blocked for the next
@@ -103,6 +93,7 @@ class Supervisor:
                 preempt_grace=config.preempt_grace,
                 kill_after=config.kill_after,
                 connect_timeout=config.connect_timeout,
+                ids=members,
             ),
             now=time.monotonic(),
         )
@@ -133,7 +124,7 @@ class Supervisor:
             note = ""
             if self.tool_output is not None:
                 note = report_tool_log(self.tool_output, status, self.verdict.cause,
-                                       self.info.container_rank)
+                                       self.verdict.s.me)
             if self.decision.why:
                 print(f"det-launch: {self.decision.why}", file=sys.stderr, flush=True)
             print(f"det-launch: {self.verdict.summary()}{self.decision.history}{note}",
@@ -157,25 +148,17 @@ class Supervisor:
             return Decision(False)
         from determined_launch.supervisor import handoff
 
-        if self.link is None or self.info.is_chief:
-            lost = frozenset[int]()
-            if isinstance(self.link, handoff.ChiefLink):  # those that are gone now
-                lost = frozenset(range(1, self.info.num_nodes)) - self.link.connected_nodes
-            decision = self.restarts.decide(status, self.verdict.cause, lost)
-            if not isinstance(self.link, handoff.ChiefLink):
-                return decision
+        cause = self.verdict.cause
+        if self.link is None:
+            return self.restarts.decide(status, cause)
+        if isinstance(self.link, handoff.ChiefLink):
             # A node stops within kill_after (and its KILL retries), then waits for our word.
             bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
-            return handoff.announce(self.link, decision, bound)
-        if not self.verdict.chief_gone:  # else its loss was this generation's news, already read
-            # A signal meanwhile waits for the next generation (_defer_signals).
-            word = handoff.await_chief(self.link, self._next, self.config.connect_timeout)
-            if word is not None:
-                self.restarts.decide(status, self.verdict.cause)  # this node's record; the chief's
-                return self.restarts.follow(word)                 # word is the job's
-        # No chief to ask: this node decides alone, as every survivor does, by the same rule
-        # (the same nodes minus the chief, with --min-nodes; else no restart), so they agree.
-        return self.restarts.decide(status, self.verdict.cause, frozenset({0}))
+            return handoff.chief_decides(self.link, self.restarts, status, cause, bound)
+        # A signal meanwhile waits for the next generation (_defer_signals).
+        return handoff.node_decides(self.link, self.restarts, status, cause,
+                                    self.verdict.chief_gone, self._next,
+                                    self.config.connect_timeout)
 
     def _prepare_files(self) -> None:
         for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):

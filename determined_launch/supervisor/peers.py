@@ -53,9 +53,11 @@ def chief_message(v: Verdict, msg: Mapping[str, Any], now: float, wall: float,
             v.note(f, now, wall, out)
     elif kind == Kind.LOST and node not in v.node_results:
         how = str(msg.get("why") or "was lost")
-        v.note(Failure(1, "the launcher", node, v.s.addr(node), wall, how=how), now, wall, out)
+        lost = Failure(1, "the launcher", v.s.ident(node), v.s.addr(node), wall, how=how)
+        v.note(lost, now, wall, out)
     elif kind == Kind.PREEMPT:
-        v.request_preemption(f"was asked to preempt by node {node}", None, now, wall, out)
+        asked = f"was asked to preempt by node {v.s.ident(node)}"
+        v.request_preemption(asked, None, now, wall, out)
     elif kind == Kind.DONE:
         v.node_results[node] = _int(msg.get("status"), 1)
 
@@ -68,7 +70,7 @@ def node_message(v: Verdict, msg: Mapping[str, Any], now: float, wall: float,
         failure = msg.get("failure")
         cause = Failure.from_message(failure) if isinstance(failure, Mapping) else None
         v.chief_cause = cause or pick_cause(v.candidates) or Failure(
-            1, "the chief's launcher", 0, v.s.addr(0), wall, how="stopped the job")
+            1, "the chief's launcher", v.s.ident(0), v.s.addr(0), wall, how="stopped the job")
         v.chief_failures = _int(msg.get("failures"), 1)
         v.begin_stop("the chief stopped the job", now, wall, out)
         v.set_result(v.chief_cause.status)
@@ -84,10 +86,10 @@ def node_message(v: Verdict, msg: Mapping[str, Any], now: float, wall: float,
     elif kind == Kind.LOST:
         v.chief_gone = True
         if v.phase in (Phase.RUNNING, Phase.PREEMPTING):
-            v.note(Failure(1, "the chief's launcher", 0, v.s.addr(0), wall,
+            v.note(Failure(1, "the chief's launcher", v.s.ident(0), v.s.addr(0), wall,
                            how=str(msg.get("why") or "was lost")), now, wall, out)
         elif v.result is None and not v.candidates:
-            v.candidates.append(Failure(1, "the chief's launcher", 0, v.s.addr(0), wall,
+            v.candidates.append(Failure(1, "the chief's launcher", v.s.ident(0), v.s.addr(0), wall,
                                         how=str(msg.get("why") or "was lost")))
 
 
@@ -99,7 +101,7 @@ def check_connected(v: Verdict, now: float, wall: float, out: list[Action]) -> N
     missing = set(range(1, len(v.s.hosts))) - v.connected - set(v.node_results)
     if missing:
         node = min(missing)
-        v.note(Failure(1, "the launcher", node, v.s.addr(node), wall,
+        v.note(Failure(1, "the launcher", v.s.ident(node), v.s.addr(node), wall,
                        how=f"never connected within {v.s.connect_timeout:g}s"), now, wall, out)
 
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
+from determined_launch.supervisor.events import Failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,3 +186,15 @@ def history(attempts: Sequence[Attempt]) -> str:
     n = len(failed)
     whys = "; ".join(f"{a.generation + 1}: {a.cause}" for a in failed)
     return f" after {n} restart{'s' if n > 1 else ''} ({whys})"
+
+
+class RestartJudge(Protocol):
+    """Whether the job restarts, as the supervisor asks it (``generations.Restarts``)."""
+
+    def decide(self, status: int, cause: Optional[Failure],
+               lost: frozenset[int] = frozenset()) -> Decision:
+        """From this generation's exit status, cause and the nodes (its
+        ranks) whose launchers are gone."""
+
+    def follow(self, decision: Decision) -> Decision:
+        """The chief's decision, as this node takes it."""

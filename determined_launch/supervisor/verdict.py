@@ -202,7 +202,7 @@ class Verdict:
             self.preempt_at = None
             grace = f"{self.s.preempt_grace:g}s"
             self.note(
-                Failure(128 + signal.SIGTERM, "workers", self.s.node, self.s.host, wall,
+                Failure(128 + signal.SIGTERM, "workers", self.s.me, self.s.host, wall,
                         how=f"did not stop within the preemption grace period of {grace}",
                         interrupt=True),
                 now, wall, out,
@@ -224,7 +224,7 @@ class Verdict:
         if e.rank in self.finished_ranks:  # its work was done: say so
             how = (f"had finished its work (core.init() exited cleanly) and then "
                    f"{describe_status(e.status)}")
-        return Failure(e.status, f"rank {e.rank}", self.s.node, self.s.host, e.time, how=how)
+        return Failure(e.status, f"rank {e.rank}", self.s.me, self.s.host, e.time, how=how)
 
     def _process_exited(self, e: ProcessExited, now: float, wall: float, out: list[Action]) -> None:
         if e.index not in self.alive:
@@ -234,12 +234,12 @@ class Verdict:
         if role == "worker":
             self.worker_status[e.index] = e.status
         if e.status != 0:
-            self.note(Failure(e.status, self.s.names[e.index], self.s.node, self.s.host, e.time),
+            self.note(Failure(e.status, self.s.names[e.index], self.s.me, self.s.host, e.time),
                        now, wall, out)
         elif role == "service" and not self.workers_succeeded() and self.phase in (
             Phase.RUNNING, Phase.PREEMPTING
         ):
-            self.note(Failure(1, self.s.names[e.index], self.s.node, self.s.host, e.time,
+            self.note(Failure(1, self.s.names[e.index], self.s.me, self.s.host, e.time,
                                how="(a service) exited early"), now, wall, out)
 
     def workers_succeeded(self) -> bool:
@@ -273,7 +273,7 @@ class Verdict:
         self, sig: int, how: Optional[str], now: float, wall: float, out: list[Action]
     ) -> None:
         how = how or f"was interrupted by {signal_name(sig)}"
-        self.note(Failure(128 + sig, "the launcher", self.s.node, self.s.host, wall, how=how,
+        self.note(Failure(128 + sig, "the launcher", self.s.me, self.s.host, wall, how=how,
                            interrupt=True), now, wall, out)
         # From here on deaths are ours (we forward the signal), even while the
         # chief still waits out its failure window before stopping.
