@@ -102,6 +102,34 @@ def test_resume_that_would_change_the_global_batch_stops_in_one_line(
     assert "taken on 3" in str(e.value) and "would use 8" in str(e.value)
 
 
+class ShortLastBatch(StreamTrial):
+    def build_training_data_loader(self) -> Any:
+        return pytorch.DataLoader(
+            Targets(20), batch_size=self.context.get_per_slot_batch_size(), shuffle=True
+        )
+
+
+def test_resume_on_another_world_size_warns_when_epochs_cut_differently(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """20 records, global batch 8: the short last batch of each epoch is cut
+    into per-slot batches differently on 1 slot than on 2, so the stream
+    cannot stay the same, and the resume says why."""
+    monkeypatch.chdir(tmp_path)
+    run_trial(tmp_path, ShortLastBatch, hparams=HPARAMS, seed=SEED, max_length=pytorch.Batch(2),
+              checkpoint_policy="none")
+    pointer = json.loads((tmp_path / "run" / "latest_checkpoint.json").read_text())
+    meta_file = tmp_path / "ckpt" / pointer["storage_id"] / "metadata.json"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "world_size": 2}))
+    with caplog.at_level(logging.INFO, logger="determined_launch.pytorch"):
+        run_trial(tmp_path, ShortLastBatch, hparams=HPARAMS, seed=SEED,
+                  max_length=pytorch.Batch(3), latest_checkpoint="latest",
+                  checkpoint_policy="none")
+    assert "resuming on 1 slot from a checkpoint taken on 2: global batch 8 → 8 per slot" in (
+        caplog.text)
+    assert "20 records per epoch, not a multiple of the global batch 8" in caplog.text
+
+
 SCRIPT = Path(resize_script.__file__)
 
 
