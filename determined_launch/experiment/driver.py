@@ -26,16 +26,17 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Callable, Optional
 
-from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
 from determined_launch.experiment.trial import (
+    EXPERIMENT_ENV,  # noqa: F401  (re-exported: where the experiment's variables are kept)
     MetricError,
     TrialProcess,
     TrialSpec,
     launcher_argv,
+    trial_env,
     trial_metric,
     write_private,
 )
@@ -50,9 +51,6 @@ POLL = 0.02
 ATTR_OWNER = "det_owner"
 ATTR_BEAT = "det_heartbeat"
 ATTR_SLOT = "det_slot"
-#: the experiment's options' variables (experiment/cli.py), never passed to trials
-EXPERIMENT_ENV = ("DET_EXPERIMENT_DIR", "DET_STUDY_STORAGE", "DET_EXPERIMENT_WORKER",
-                  "DET_EXPERIMENT_CONCURRENCY")
 
 
 def past_the_end(length: int, searcher: SearcherConfig) -> bool:
@@ -86,18 +84,6 @@ class DriverSetup:
     #: called before each start of a trial's launcher; its variables go to that launcher
     before_start: Optional[Callable[[TrialProcess], dict[str, str]]] = None
 
-
-def trial_env(searcher: SearcherConfig) -> dict[str, str]:
-    """Every trial launcher's environment (on each node of a multi-node trial)."""
-    # The experiment's own variables stay here: the study URL may carry a password.
-    env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
-    env.pop(envvars.SEARCHER_UNIT, None)
-    if searcher.unit is not None:
-        env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
-    # save_trial_best / save_experiment_best retention keeps the best by the searcher's metric
-    env[envvars.SEARCHER_METRIC] = searcher.metric
-    env[envvars.SMALLER_IS_BETTER] = "true" if searcher.smaller_is_better else "false"
-    return env
 
 
 def owner_id() -> str:

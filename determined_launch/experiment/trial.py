@@ -36,7 +36,11 @@ from determined_launch import envvars
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
 from determined_launch.core._rundir import STOP_REASON, write_atomically
 from determined_launch.errors import LaunchError
+from determined_launch.experiment.expconf import SearcherConfig
 
+#: the experiment's options' variables (experiment/cli.py), never passed to trials
+EXPERIMENT_ENV = ("DET_EXPERIMENT_DIR", "DET_STUDY_STORAGE", "DET_EXPERIMENT_WORKER",
+                  "DET_EXPERIMENT_CONCURRENCY")
 #: the chief's early-exit record (``core_context.train.report_early_exit``)
 EARLY_EXIT_FILE = "early_exit.json"
 INVALID_HP_REASONS = ("EXITED_REASON_INVALID_HP", "INVALID_HP")
@@ -311,3 +315,16 @@ def launcher_argv(flags: Sequence[str], command: str, args: Sequence[str]) -> li
     second detection that could disagree with it."""
     return [sys.executable, "-m", "determined_launch.cli", *flags, "--detector", "file",
             command, *args]
+
+
+def trial_env(searcher: SearcherConfig) -> dict[str, str]:
+    """Every trial launcher's environment (on each node of a multi-node trial)."""
+    # The experiment's own variables stay here: the study URL may carry a password.
+    env = {k: v for k, v in os.environ.items() if k not in EXPERIMENT_ENV}
+    env.pop(envvars.SEARCHER_UNIT, None)
+    if searcher.unit is not None:
+        env[envvars.SEARCHER_UNIT] = searcher.unit.upper()
+    # save_trial_best / save_experiment_best retention keeps the best by the searcher's metric
+    env[envvars.SEARCHER_METRIC] = searcher.metric
+    env[envvars.SMALLER_IS_BETTER] = "true" if searcher.smaller_is_better else "false"
+    return env
