@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
+from determined_launch.experiment import gang
 from determined_launch.experiment.gang import trial_gang
+from determined_launch.experiment.trial import TrialProcess, TrialSpec
+from determined_launch.supervisor.control import NodeLink
 from tests.conftest import Launch, base_env, free_port_block, launches, write_cluster_info
 
 __all__ = ["launches"]  # the fixture
@@ -55,6 +60,44 @@ def test_bad_shapes_are_one_line_usage_errors(spt: int, info: ClusterInfo, expec
     with pytest.raises(LaunchError) as e:
         trial_gang(spt, info, "c.yaml")
     assert str(e.value) == expected and e.value.exit_status == 2
+
+
+def test_the_chief_announces_each_run_waits_for_it_and_names_a_lost_node(tmp_path: Path) -> None:
+    """Real links on loopback, no launchers: what node 1's worker is told, that
+    the next run waits for its launcher of the last one, and a lost worker."""
+    loopback = ClusterInfo(("127.0.0.1",) * 2, 0, (1, 1), (0,), "test")
+    chief_gang = trial_gang(2, loopback, "c.yaml")
+    assert chief_gang is not None
+    port, secret, nodes = free_port_block(1), "t" * 32, []
+    joiner = threading.Thread(target=lambda: nodes.append(NodeLink(
+        "127.0.0.1", port, 1, gang.derive(secret, "group 0"), 10, num_nodes=2)))
+    joiner.start()
+    chief = gang.GangChief(chief_gang, secret, port, 10, lambda _: None)
+    joiner.join()
+    [node] = nodes
+    proc = TrialProcess(TrialSpec(4, {"lr": 0.1}, 7, 3, 8), tmp_path, "loss", None)
+    env = chief.before_start(proc)
+    assert env == {"DET_DIST_SECRET": gang.run_secret(secret, 0, 1)}
+    msg = _next(node)
+    assert (msg["type"], msg["run"], msg["number"], msg["hparams"], msg["latest_checkpoint"]) == (
+        gang.RUN, 1, 4, {"lr": 0.1}, None)
+    assert chief.running == {1}
+    node.send({"type": gang.EXITED, "run": 1, "code": 3})
+    chief.settle()  # returns once node 1's launcher of run 1 has ended
+    chief.before_start(proc)
+    assert _next(node)["run"] == 2
+    node.close()  # the worker on node 1 goes away while its run 2 is on
+    with pytest.raises(gang.GangError, match="worker on node 1 of this trial group was lost"):
+        chief.settle()
+    chief.finish(1)
+
+
+def _next(link: NodeLink, timeout: float = 10) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while not link.inbox:
+        assert time.monotonic() < deadline, "no message"
+        time.sleep(0.01)
+    return link.inbox.popleft()
 
 
 def two_node_env(tmp_path: Path, rank: int, port: int) -> dict[str, str]:
