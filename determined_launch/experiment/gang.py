@@ -36,8 +36,9 @@ from determined_launch.supervisor.events import Kind, Message
 RUN, EXITED, STOP, END = "trial_run", "trial_exited", "trial_stop", "search_end"
 #: seconds a node's launcher may outlive the chief's before it is told to stop
 SETTLE = 15.0
-#: and after that, before the experiment gives up on it
-GIVE_UP = 60.0
+#: and after that, before the experiment gives up on it (the two stay under the study's
+#: 60 s lease: the chief's heartbeat waits meanwhile)
+GIVE_UP = 30.0
 #: the group's channel: the port after the trial launchers' three
 PORT_OFFSET = 3
 
@@ -46,6 +47,12 @@ class GangError(LaunchError):
     """A node's worker was lost or never came: the experiment stops (trials stay resumable)."""
 
     exit_status = 1
+
+
+class Interrupted(LaunchError):
+    """Ctrl-C before any trial started: one line, not a traceback."""
+
+    exit_status = 130
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,14 +131,19 @@ class GangChief:
             raise GangError(str(e)) from None
         want = set(range(1, gang.nodes))
         deadline = time.monotonic() + connect_timeout
-        while self.link.connected_nodes != want:
-            if time.monotonic() > deadline:
-                missing = sorted(want - self.link.connected_nodes)
-                self.link.close()
-                raise GangError(f"the workers of nodes {missing} of this trial group did not "
-                                f"connect within {connect_timeout:g}s; start det-launch "
-                                "experiment --worker on every node of the allocation")
-            time.sleep(0.05)
+        try:
+            while self.link.connected_nodes != want:
+                if time.monotonic() > deadline:
+                    missing = sorted(want - self.link.connected_nodes)
+                    raise GangError(f"the workers of nodes {missing} of this trial group did "
+                                    f"not connect within {connect_timeout:g}s; start det-launch "
+                                    "experiment --worker on every node of the allocation")
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted while waiting for the other nodes' workers") from None
+        except GangError:
+            self.link.close()
+            raise
         self.say(f"{gang.nodes} nodes per trial (group {gang.group}: "
                  f"{', '.join(gang.info.container_addrs)})")
 
@@ -214,6 +226,8 @@ def serve_node(s: NodeSetup) -> int:
         link = NodeLink(s.gang.info.chief_ip, s.port, s.gang.rank,
                         derive(s.secret, f"group {s.gang.group}"), s.connect_timeout,
                         num_nodes=s.gang.nodes)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted while waiting for the trial chief's worker") from None
     except ControlError as e:
         raise GangError(f"node {s.gang.rank} of trial group {s.gang.group}: {e}".replace(
             "launcher", "experiment worker")) from None
