@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,42 @@ def test_messages_name_nodes_by_their_original_rank() -> None:
     # the chief's record maps it back to the same node
     j = generations.Restarts(2, lambda: C4, NONE, (1, 2), 1, min_nodes=1)
     assert j.decide(1, verdict.cause).members == (1,)
+
+
+@pytest.mark.parametrize("min_nodes", [1, None])
+def test_a_chief_that_never_answers_is_lost_too(min_nodes: int | None,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The survivor chosen as the next chief died too: its nodes never reach
+    it, start no worker, and decide alone as for a lost chief."""
+    import shutil
+
+    from determined_launch.backends.plan import LaunchPlan, ProcessSpec
+    from determined_launch.runtime import make_runtime
+    from determined_launch.supervisor import Supervisor, SupervisorConfig
+
+    info = ClusterInfo(("127.0.0.1", "127.0.0.1"), 1, (1, 1), (0,), "test")
+    runtime = make_runtime(info, {"C10D_PORT": str(free_port_block()),
+                                  "DET_DIST_SECRET": "u" * 32}, generation=1, members=(1, 2))
+    judge = generations.Restarts(3, lambda: C4, NONE, (1, 2), 2, min_nodes)
+    plan = LaunchPlan((ProcessSpec((sys.executable, "-c", "raise SystemExit(9)"), "cmd"),))
+    sup = Supervisor(plan, info, runtime, SupervisorConfig(connect_timeout=0.3),
+                     restarts=judge, members=(1, 2))
+    try:
+        assert sup.run() == 1
+    finally:
+        shutil.rmtree(runtime.job_dir, ignore_errors=True)
+        # a restart keeps signals blocked for the next generation: there is none here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, sup.deferred)
+    why = sup.decision.why
+    assert "the chief's launcher on node 1 (127.0.0.1) could not be reached within its " \
+           "connect timeout (could not reach the chief's launcher at 127.0.0.1:" in why
+    if min_nodes:
+        assert sup.decision.restart and sup.decision.members == (2,)
+        assert "continuing without node 1 on node 2" in why
+    else:
+        assert not sup.decision.restart and why.endswith(
+            "a restart needs every node; job failed (exit status 1)")
+    assert why in capsys.readouterr().err
 
 
 def test_min_nodes_option_and_its_checks() -> None:

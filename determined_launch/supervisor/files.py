@@ -5,6 +5,9 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterable
+from typing import Optional
+
+from determined_launch import envvars
 
 
 def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
@@ -32,3 +35,12 @@ def remove_leftovers(patterns: Iterable[str]) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def finished_rank(name: str) -> Optional[int]:
+    """N for core.init()'s "rank-N.finished" note, else None."""
+    prefix, _, suffix = envvars.RANK_FINISHED_FILE.partition("{rank}")
+    middle = name[len(prefix):len(name) - len(suffix)]
+    if name.startswith(prefix) and name.endswith(suffix) and middle.isdigit():
+        return int(middle)
+    return None

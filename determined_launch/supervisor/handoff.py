@@ -12,11 +12,12 @@ continue without it; otherwise no restart).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Optional
 
 from determined_launch.supervisor.control import ChiefLink, ControlLink
-from determined_launch.supervisor.events import Failure, Kind, Message, message
+from determined_launch.supervisor.events import Failure, Kind, Message, Settings, message
 from determined_launch.supervisor.restarts import Decision, RestartJudge
 
 _POLL = 0.05
@@ -87,3 +88,18 @@ def node_decides(link: ControlLink, judge: RestartJudge, status: int, cause: Opt
             judge.decide(status, cause)
             return judge.follow(word)
     return judge.decide(status, cause, frozenset({0}))
+
+
+def chief_unreachable(judge: RestartJudge, s: Settings, error: Exception) -> Decision:
+    """Node: this generation's chief never answered (``error``), so no worker
+    started: decide alone, as for the chief's loss (with ``--min-nodes``, a
+    survivor chosen as chief that died too is skipped). Not restarting says
+    why and how the job ended, in one line."""
+    how = f"could not be reached within its connect timeout ({str(error).split(' (')[0]})"
+    cause = Failure(1, "the chief's launcher", s.ident(0), s.addr(0), time.time(), how=how)
+    decision = judge.decide(1, cause, frozenset({0}))
+    if decision.restart:
+        return decision
+    why = decision.why or f"not restarting: {cause.describe()}"
+    return dataclasses.replace(decision, why=f"{why}; job failed (exit status 1)"
+                                             f"{decision.history}")

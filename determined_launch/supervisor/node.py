@@ -21,12 +21,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
-from determined_launch import envvars
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
+from determined_launch.errors import LaunchError
 from determined_launch.supervisor import verdict as v
 from determined_launch.supervisor.config import SupervisorConfig
-from determined_launch.supervisor.files import remove_leftovers, write_private_file
+from determined_launch.supervisor.files import finished_rank, remove_leftovers, write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
 from determined_launch.supervisor.restarts import Decision, RestartJudge
@@ -52,10 +52,8 @@ class Supervisor:
         config: Optional[SupervisorConfig] = None,
         restarts: Optional[RestartJudge] = None,
         deferred: frozenset[int] = frozenset(),
-        members: tuple[int, ...] = (),
+        members: tuple[int, ...] = (),  # nodes' names in messages (``Settings.ids``)
     ) -> None:
-        """``members``: the nodes' names in messages, by this generation's rank
-        (their ranks in the job's first node list); empty: the ranks themselves."""
         config = config or SupervisorConfig()
         #: signals the previous generation blocked for this one (``_defer_signals``);
         #: after ``run``, those this one blocked for the next
@@ -104,7 +102,16 @@ class Supervisor:
         try:
             self._prepare_files()
             self.processes.become_subreaper()
-            self._open_control_link()
+            try:
+                self._open_control_link()
+            except LaunchError as e:  # this generation's chief never answered: dead too?
+                if self.restarts is None:
+                    raise
+                from determined_launch.supervisor import handoff
+
+                self.decision = handoff.chief_unreachable(self.restarts, self.verdict.s, e)
+                print(f"det-launch: {self.decision.why}", file=sys.stderr, flush=True)
+                return 1
             self.processes.start(
                 self.plan.processes, self._process_env, self._ignored_signals(), self.tool_output
             )
@@ -289,7 +296,7 @@ class Supervisor:
         for name in sorted(names):  # "rank-N.finished" before "rank-N.json"
             if name in self.seen_status_files:
                 continue
-            finished = _finished_rank(name)
+            finished = finished_rank(name)
             if finished is not None:
                 self.seen_status_files.add(name)
                 out.append(v.RankFinished(finished))
@@ -377,15 +384,6 @@ class Supervisor:
         os.close(self._wake_w)
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-def _finished_rank(name: str) -> Optional[int]:
-    """N for core.init()'s "rank-N.finished" note, else None."""
-    prefix, _, suffix = envvars.RANK_FINISHED_FILE.partition("{rank}")
-    middle = name[len(prefix):len(name) - len(suffix)]
-    if name.startswith(prefix) and name.endswith(suffix) and middle.isdigit():
-        return int(middle)
-    return None
 
 
 def supervise(
