@@ -170,3 +170,32 @@ def test_one_slot_to_two_and_back_continue_the_same_stream(
         assert _train(root, 14) == pytest.approx(expected[13], abs=1e-5)
     assert "resuming on 1 slot from a checkpoint taken on 2: global batch 8 → 8 per slot" in (
         caplog.text)
+
+
+def test_runner_resume_that_would_change_the_global_batch_exits_2_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m determined_launch.pytorch`` (legacy trials, experiment trials):
+    the same check is a config error: one line, exit status 2, no traceback."""
+    from determined_launch.pytorch import __main__ as runner_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DET_CLUSTER_INFO_FILE", raising=False)
+    _train(tmp_path, 2)
+    pointer = json.loads((tmp_path / "run" / "latest_checkpoint.json").read_text())
+    ckpt = tmp_path / "ckpt" / pointer["storage_id"]
+    meta_file = ckpt / "metadata.json"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "world_size": 3,
+                                     "global_batch_size": 6}))
+    (tmp_path / "c.yaml").write_text(
+        "hyperparameters: {global_batch_size: 8}\n"
+        "searcher: {name: single, metric: weight, max_length: {batches: 4}}\n")
+    capsys.readouterr()
+    status = runner_main.main(["--config", "c.yaml", "--latest-checkpoint", str(ckpt),
+                               "tests.pytorch_fixtures.resize_script:StreamTrial"])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("python -m determined_launch.pytorch: error: invalid experiment: "
+                           "resuming on 1 slot from a checkpoint taken on 3: "), last
+    assert "global batch of 6" in last and "would use 8" in last
