@@ -86,9 +86,13 @@ def test_the_chief_announces_each_run_waits_for_it_and_names_a_lost_node(tmp_pat
     chief.settle()  # returns once node 1's launcher of run 1 has ended
     chief.before_start(proc)
     assert _next(node)["run"] == 2
-    node.close()  # the worker on node 1 goes away while its run 2 is on
+    node.send({"type": gang.EXITED, "run": 2, "code": 3})
+    node.close()  # then the worker on node 1 goes away: no run can start without it
+    deadline = time.monotonic() + 10
+    while chief.check() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     with pytest.raises(gang.GangError, match="worker on node 1 of this trial group was lost"):
-        chief.settle()
+        chief.before_start(proc)
     chief.finish(1)
 
 

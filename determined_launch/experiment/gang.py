@@ -159,12 +159,15 @@ class GangChief:
         return self.lost
 
     def settle(self) -> None:
-        """Wait until every node's launcher of the last run has ended."""
+        """Wait until every node's launcher of the last run has ended (and no
+        node's worker is gone: a run without it could never start)."""
         start = time.monotonic()
         stopped = False
-        while self.running:
+        while True:
             if self.check() is not None:
                 raise GangError(str(self.lost))
+            if not self.running:
+                return
             waited = time.monotonic() - start
             if waited > SETTLE and not stopped:
                 stopped = True
