@@ -179,4 +179,7 @@ def test_two_nodes_run_each_trial_together_and_restart_it_together(
     assert f"trial {flaky}: exit status" in chief.stdout and "restart 1 of 1" in chief.stdout
     runs = [line for line in node1.stdout.splitlines() if "started its node 1" in line]
     assert len(runs) == 3, out  # each trial once, the flaky one again with its restart
+    ends = [line.split("exit status ")[1][0] for line in node1.stdout.splitlines()
+            if "its node 1 ended" in line]
+    assert sorted(ends) == ["0", "0", "3"], out
     assert not chief.leftovers() and not node1.leftovers()

@@ -267,6 +267,8 @@ def serve_node(s: NodeSetup) -> int:
                                     "trial's chief node was lost")
             if proc is not None and (code := proc.poll()) is not None:
                 link.send(_msg(EXITED, run=run, code=code))
+                s.say(f"trial {proc.spec.trial_id}: its node {s.gang.rank} ended (run {run}, "
+                      f"exit status {code}; {proc.log_path})")
                 proc = None
             time.sleep(0.02)
     finally:
