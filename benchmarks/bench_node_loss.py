@@ -1,0 +1,189 @@
+"""From the SIGKILL of a node's launcher to training again on the survivors.
+
+    python benchmarks/bench_node_loss.py [--reps 3] [--nodes 3]
+
+Simulated nodes on loopback (one ``det-launch --max-restarts 9 --min-nodes
+1 exec`` per node, one Core API worker each, combining a number per step over
+a real ``DistributedContext``, a checkpoint every 10 steps). Once a checkpoint
+is committed, one node's launcher is SIGKILLed (a worker node, then the
+chief, alternately); the survivors' lines are time-stamped as they arrive:
+
+* *decided*: a survivor prints ``det-launch: restart ...`` (the loss seen,
+  every worker stopped, the decision made and handed over);
+* *resumed*: the new generation's worker has started, connected its
+  ``DistributedContext`` and restored the checkpoint (``resumed`` line);
+* *training*: it finished its first step on the new membership.
+
+Target (issue 27): SIGKILL to training again <= 15 s plus the checkpoint load.
+The checkpoint here is a few bytes, so *resumed* is the launcher's part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = r"""
+import json, os, sys, time
+import determined_launch as det
+
+info = det.get_cluster_info()
+rank, size = info.container_rank, len(info.container_addrs)
+dist = det.core.DistributedContext(rank=rank, size=size, local_rank=0, local_size=1,
+                                   cross_rank=rank, cross_size=size)
+with det.core.init(distributed=dist) as ctx:
+    step = 0
+    if info.latest_checkpoint is not None:
+        with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
+            step = json.loads((path / "state.json").read_text())["step"]
+    print(f"resumed {time.time()!r} step={step} size={size}", flush=True)
+    first = True
+    while step < 100000:
+        dist.allgather(step)
+        step += 1
+        if first:
+            print(f"trained {time.time()!r}", flush=True)
+            first = False
+        if step % 10 == 0 and rank == 0:
+            with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
+                (path / "state.json").write_text(json.dumps({"step": step}))
+            print(f"checkpoint {step}", flush=True)
+        time.sleep(0.02)
+"""
+
+
+def free_base() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + 3 > 65535:
+            continue
+        try:
+            socks = [socket.socket() for _ in range(3)]
+            for i, s in enumerate(socks):
+                s.bind(("127.0.0.1", base + i))
+            return int(base)
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+
+
+class Node:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def first(self, prefix: str, after: float) -> Optional[tuple[float, str]]:
+        for t, line in list(self.lines):
+            if t >= after and prefix in line:
+                return t, line
+        return None
+
+
+def one(nodes_n: int, victim: int, work: str) -> dict[str, float]:
+    run = tempfile.mkdtemp(prefix="bench-node-loss-", dir=work)
+    script = os.path.join(run, "worker.py")
+    with open(script, "w") as f:
+        f.write(WORKER)
+    port = free_base()
+    nodes: list[Node] = []
+    try:
+        for rank in range(nodes_n):
+            info = os.path.join(run, f"node{rank}.json")
+            with open(info, "w") as f:
+                json.dump({"container_addrs": ["127.0.0.1"] * nodes_n, "container_rank": rank,
+                           "container_slot_counts": [1] * nodes_n}, f)
+            env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1",
+                       DET_CLUSTER_INFO_FILE=info, C10D_PORT=str(port),
+                       DET_DIST_SECRET="b" * 32, DET_RUN_DIR=os.path.join(run, "run"),
+                       DET_KILL_AFTER="3", DET_LAUNCH_CONNECT_TIMEOUT="30")
+            nodes.append(Node([sys.executable, "-m", "determined_launch.cli", "--max-restarts",
+                               "9", "--min-nodes", "1", "exec", "--", sys.executable, script],
+                              env))
+        chief = nodes[0]
+        deadline = time.monotonic() + 120
+        while chief.first("checkpoint 20", 0) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no checkpoint: " + "\n".join(x for _, x in chief.lines))
+            time.sleep(0.05)
+        killed = time.time()
+        nodes[victim].proc.send_signal(signal.SIGKILL)
+        survivors = [n for i, n in enumerate(nodes) if i != victim]
+        lead = survivors[0]
+        deadline = time.monotonic() + 120
+        while lead.first("trained", killed) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no training after the kill: "
+                                   + "\n".join(x for _, x in lead.lines))
+            time.sleep(0.05)
+        decided = min(t for t, _ in (n.first("det-launch: restart", killed) for n in survivors)
+                      if t)
+        resumed = lead.first("resumed", killed)
+        trained = lead.first("trained", killed)
+        assert resumed is not None and trained is not None
+        return {"decided": decided - killed, "resumed": resumed[0] - killed,
+                "training": trained[0] - killed}
+    finally:
+        for n in nodes:
+            if n.proc.poll() is None:
+                n.proc.send_signal(signal.SIGINT)
+        for n in nodes:
+            try:
+                n.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                n.proc.kill()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--nodes", type=int, default=3)
+    args = p.parse_args()
+    work = tempfile.mkdtemp(prefix="bench-node-loss-")
+    results: dict[str, list[dict[str, float]]] = {"worker node": [], "chief": []}
+    cpu0 = os.times()
+    try:
+        for _ in range(args.reps):
+            results["worker node"].append(one(args.nodes, args.nodes - 1, work))
+            results["chief"].append(one(args.nodes, 0, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    cpu1 = os.times()
+    cpu = (cpu1.children_user + cpu1.children_system
+           - cpu0.children_user - cpu0.children_system)
+    print(f"{args.nodes} simulated nodes, load average {os.getloadavg()[0]:.1f}, "
+          f"children's CPU {cpu:.1f} s")
+    for what, rows in results.items():
+        for key in ("decided", "resumed", "training"):
+            xs = [r[key] for r in rows]
+            print(f"{what:12s} SIGKILL -> {key:9s} median {statistics.median(xs):6.2f} s  "
+                  f"min {min(xs):6.2f}  max {max(xs):6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
