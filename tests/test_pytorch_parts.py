@@ -12,6 +12,7 @@ from typing import Any, Optional
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 
 from determined_launch import core, errors  # noqa: E402
 from determined_launch.pytorch import _units  # noqa: E402
@@ -146,6 +147,41 @@ def test_batch_step_trains_converts_and_steps_schedulers() -> None:
         assert type(metrics["loss"]).__module__ == "numpy"
         assert sched.get_last_lr() == [pytest.approx(0.05)]  # stepped once
         assert recorder.calls == [("start", 1), ("end", 1)]
+
+
+def test_batch_step_metrics_are_snapshots_of_the_batch() -> None:
+    """A 0-d metric is the batch's value even when the trial updates the tensor
+    in place later (a running counter): the old ``numpy(force=True)`` shared
+    the CPU tensor's memory, so every batch showed the last value (on a GPU the
+    copy to the host hid it). Dtypes and 0-d shapes are kept; bfloat16, which
+    numpy lacks, still fails as ``numpy()`` does."""
+    with core._dummy_init() as core_context:
+        ctx = _context(core_context)
+        ctx._epoch_len = 10
+        model = ctx.wrap_model(torch.nn.Linear(1, 1, bias=False))
+        opt = ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        seen = torch.zeros((), dtype=torch.int64)
+        extra: dict[str, Any] = {}
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                loss = model(batch).sum()
+                ctx.backward(loss)
+                ctx.step_optimizer(opt)
+                seen.add_(1)
+                return {"loss": loss, "seen": seen, "half": loss.detach().half(),
+                        "flag": loss > 0, **extra}
+
+        step = BatchStep(Trial(), ctx, {})
+        kept = [step(torch.ones(2, 1), epoch_idx=0, batch_idx=i) for i in range(3)]
+        assert [int(m["seen"]) for m in kept] == [1, 2, 3]
+        m = kept[0]
+        assert isinstance(m["loss"], np.ndarray) and m["loss"].shape == ()
+        assert m["loss"].dtype == np.float32 and m["seen"].dtype == np.int64
+        assert m["half"].dtype == np.float16 and m["flag"].dtype == np.bool_
+        extra["bf16"] = torch.ones((), dtype=torch.bfloat16)
+        with pytest.raises(TypeError, match="BFloat16"):
+            step(torch.ones(2, 1), epoch_idx=0, batch_idx=3)
 
 
 def test_batch_step_rejects_a_non_dict_result() -> None:

@@ -17,10 +17,13 @@ import numpy as np
 import torch
 
 from determined_launch.pytorch.api.callback import PyTorchCallback, _epoch_start_takes_no_index
+from determined_launch.pytorch.metrics.utils import SCALAR_DTYPES
 
 logger = logging.getLogger("determined_launch.pytorch")
 
 _Tensor = torch.Tensor
+_SCALAR_DTYPES = SCALAR_DTYPES
+_array = np.array
 
 
 class BatchStep:
@@ -80,15 +83,20 @@ class BatchStep:
             for scheduler in optim.lr_schedulers:
                 # by batch counts only, never by workloads (3.6)
                 scheduler._auto_step(batch_idx, agg, epoch_len)
-        for name, value in metrics.items():  # _convert_metrics_to_numpy, inlined
+        # _convert_metrics_to_numpy, inlined; a 0-d loss's NaN check on its item()
+        checked = self._warned_nan
+        for name, value in metrics.items():
             if isinstance(value, _Tensor):
-                metrics[name] = value.numpy(force=True)  # = detach().cpu().numpy(), faster
-        if not self._warned_nan:
-            loss = metrics.get("loss")
-            # the common case inline: a 0-d float array, not NaN
-            if not (type(loss) is np.ndarray and loss.ndim == 0 and loss.dtype.kind == "f"
-                    and not math.isnan(loss)):
-                self._check_nan(loss, batch_idx)
+                dtype = _SCALAR_DTYPES.get(value.dtype) if type(value) is _Tensor else None
+                if dtype is not None and value.ndim == 0:
+                    scalar = value.item()
+                    metrics[name] = _array(scalar, dtype)
+                    if name == "loss" and not checked:
+                        checked = scalar == scalar  # NaN: the general check below warns
+                else:
+                    metrics[name] = value.numpy(force=True)
+        if not checked:
+            self._check_nan(metrics.get("loss"), batch_idx)
         return metrics
 
     def _check_nan(self, loss: Any, batch_idx: int) -> None:

@@ -349,7 +349,8 @@ class _PyTorchTrialController:
         poll = self.core_context.preempt.should_preempt
         step = self.batch_step
         state = self.state
-        batch_done = self._progress.batch_done
+        progress = self._progress
+        batch_done = progress.batch_done if progress.draws else None  # no bar: no call
         test_mode = self.test_mode
         # The boundaries are tested at the first batch, then only at the batch
         # count where the next one can be reached (the per-batch path stays short).
@@ -370,7 +371,8 @@ class _PyTorchTrialController:
                 )
             per_batch.append(metrics)
             state.batches_trained += 1
-            batch_done(state.batches_trained, state.epochs_trained)
+            if batch_done is not None:
+                batch_done(state.batches_trained, state.epochs_trained)
             if in_epoch == epoch_len - 1:
                 step.epoch_end(epoch_idx)
                 state.epochs_trained += 1

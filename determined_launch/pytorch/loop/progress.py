@@ -2,7 +2,7 @@
 
 The bar is shown on the chief only, when stderr is a terminal and ``tqdm`` is
 installed (never a dependency); ``DET_PROGRESS_BAR=0``/``1`` forces it off/on.
-Per-batch cost without a bar is one attribute test.
+Without a bar the loop does not call ``batch_done`` at all (``draws``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ class Progress:
             leave=False,
             file=sys.stderr,
         )
+
+    @property
+    def draws(self) -> bool:
+        """Whether ``batch_done`` does anything (a bar is shown or will be)."""
+        return self._want_bar or self._bar is not None
 
     def batch_done(self, batches_trained: int, epochs_trained: int) -> None:
         bar = self._bar
