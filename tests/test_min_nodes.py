@@ -20,7 +20,14 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
-from tests.conftest import WORKERS, Launch, base_env, free_port_block, write_cluster_info
+from tests.conftest import (
+    WORKERS,
+    Launch,
+    base_env,
+    exec_on_two_nodes,
+    free_port_block,
+    write_cluster_info,
+)
 
 NONE = Progress()
 C4 = Progress("ck-4", 4)
@@ -305,11 +312,19 @@ def test_losing_a_node_continues_on_the_others_with_the_exact_weight(
 @pytest.mark.slow
 def test_below_min_nodes_the_job_fails_naming_the_lost_node(tmp_path: Path,
                                                              launches: list[Launch]) -> None:
-    nodes = start_nodes(tmp_path, 2, launches, ("--max-restarts", "2", "--min-nodes", "2"),
-                        PAUSE_NODE="1")
-    kill_when_paused(tmp_path, nodes[1])
+    started = tmp_path / "started"
+    started.mkdir()
+    nodes = exec_on_two_nodes(
+        tmp_path, [sys.executable, "-c", "import os, time; "
+                   f"open(os.path.join({str(started)!r}, str(os.getpid())), 'w'); time.sleep(60)"],
+        launches, launcher_flags=("--max-restarts", "2", "--min-nodes", "2"))
+    deadline = time.monotonic() + 30
+    while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # both nodes' commands run
+    nodes[1].proc.kill()
     assert nodes[0].wait(30) == 1, nodes[0].stderr
     assert ("not restarting: the launcher on node 1 (127.0.0.1) was lost (its connection closed: "
             "the launcher was killed or crashed); node 1 lost: 1 of 2 nodes left, fewer than "
             "--min-nodes 2") in nodes[0].stderr, nodes[0].stderr
+    assert "det-launch: restart" not in nodes[0].stderr
     assert nodes[0].leftovers() == []
