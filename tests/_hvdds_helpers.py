@@ -16,6 +16,7 @@ from determined_launch.backends.plan import JobRuntime
 from determined_launch.backends.ssh import HostFacts
 from determined_launch.cluster.info import ClusterInfo
 from tests.conftest import (
+    LAUNCH_TMP,
     REPO,
     WORKERS,
     Launch,
@@ -79,16 +80,34 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _mlflow_hidden() -> str:
+    """A PYTHONPATH entry on which ``import mlflow`` fails.
+
+    DeepSpeed's autotuner imports mlflow whenever it is installed (the
+    tracker tests install it), in every process that imports deepspeed:
+    the runner, each node's launch.py and each worker. That costs ~4 s of
+    CPU each (~30 s per two-node run on 2 cores) and none of these tests
+    uses it; DeepSpeed treats the ImportError as "no mlflow", as it would
+    on a machine without it."""
+    hidden = Path(LAUNCH_TMP) / "mlflow-hidden"
+    stub = hidden / "mlflow.py"
+    if not stub.exists():
+        hidden.mkdir(exist_ok=True)
+        stub.write_text('raise ImportError("mlflow is hidden from the DeepSpeed tests")\n')
+    return str(hidden)
+
+
 def real_env(tmp: Path, **extra: str) -> dict[str, str]:
     """``base_env`` plus: DeepSpeed's compiled op from the shared cache,
-    short timeouts, and a private TMPDIR (so each node's job directory
-    is findable in assertions)."""
+    short timeouts, a private TMPDIR (so each node's job directory
+    is findable in assertions), and mlflow hidden (see ``_mlflow_hidden``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     env = base_env(
         DET_LAUNCH_CONNECT_TIMEOUT="90",
         DET_KILL_AFTER="3",
         TMPDIR=str(tmp),
     )
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], _mlflow_hidden()])
     env.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     for var in [v for v in env if v.startswith(("HOROVOD_", "DTRAIN_", "DET_LAUNCH_SSH"))]:
         del env[var]
