@@ -21,15 +21,17 @@ import hashlib
 import json
 import pathlib
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from determined_launch.claims import Claims
+from determined_launch.claims import ALIVE_EVERY, Claims
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor.events import Failure
-from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
+from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide, nodes
 
 #: How the verdict names a launcher (not a worker) that failed: it was lost or never connected.
 LAUNCHERS = ("the launcher", "the chief's launcher")
@@ -79,9 +81,10 @@ class Restarts:
         self.me = me
 
     def decide(self, status: int, cause: Optional[Failure],
-               lost: frozenset[int] = frozenset()) -> Decision:
+               lost: frozenset[int] = frozenset(), joining: tuple[int, ...] = ()) -> Decision:
         """How the generation ended (``lost``: the nodes, by this generation's
-        ranks, whose launchers are gone) -> restart or not."""
+        ranks, whose launchers are gone; ``joining``: the nodes it was
+        preempted for, to rejoin) -> restart or not."""
         newest = self.read()
         end = newest if newest.checkpoint != self.baseline.checkpoint else self.initial
         preempted = status == EXIT_PREEMPTED and cause is None
@@ -93,9 +96,24 @@ class Restarts:
             generation=len(self.attempts), status=status,
             cause="" if cause is None or preempted else cause.describe(),
             interrupted=cause is not None and cause.interrupt, start=self.start, end=end,
-            node_lost=launcher, members=self.members, lost=tuple(sorted(gone))))
+            node_lost=launcher, members=self.members, lost=tuple(sorted(gone)),
+            joining=tuple(sorted(set(joining) - set(self.members)))))
         decision = decide(self.max_restarts, self.attempts, self.initial, self.min_nodes)
         return self.follow(decision)
+
+    def used(self) -> int:
+        """Restarts made so far (a rejoin is none)."""
+        return sum(not a.rejoined for a in self.attempts)
+
+    def join_at(self, generation: int, members: tuple[int, ...], start: Progress,
+                used: int) -> None:
+        """This node rejoins a running job at ``generation``: take its record
+        (stand-ins for the generations it missed, ``used`` of them restarts)."""
+        self.attempts = [Attempt(g, 1 if g < used else EXIT_PREEMPTED,
+                                 "a generation this node missed" if g < used else "",
+                                 False, start, start, joining=() if g < used else (self.me,))
+                         for g in range(generation)]
+        self.start, self.members = start, members
 
     def follow(self, decision: Decision) -> Decision:
         """Take ``decision`` (this node's own, or the chief's) as this job's: a
@@ -103,6 +121,9 @@ class Restarts:
         if not decision.restart:
             return decision
         members = decision.members or self.members
+        new = tuple(sorted(set(members) - set(self.members)))
+        if new and self.attempts and not self.attempts[-1].joining:  # the chief's rejoin
+            self.attempts[-1] = dataclasses.replace(self.attempts[-1], joining=new)
         if self.me not in members:
             who = ", ".join(str(n) for n in members)
             return Decision(False, f"not restarting: the job continues on node{_s(members)} "
@@ -165,32 +186,95 @@ class Generation:
     judge: Optional[Restarts]
     #: signals the previous generation kept pending for this one
     deferred: frozenset[int] = frozenset()
+    #: the chief's: nodes (original ranks) that ask to rejoin (``--min-nodes``)
+    joining: Optional[Callable[[], tuple[int, ...]]] = None
 
 
 def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                     one: Callable[[Generation], tuple[int, Decision, frozenset[int]]],
-                    claims: Optional[Claims] = None) -> tuple[int, ClusterInfo]:
+                    claims: Optional[Claims] = None, join_timeout: float = 300.0
+                    ) -> tuple[int, ClusterInfo]:
     """Run generations until one is not restarted: (its exit status, its info).
-    ``claims`` (``--min-nodes``): each generation's chief claims it first, so
-    two groups of nodes that lost sight of each other never both continue."""
-    gen = Generation(0, info, tuple(range(info.num_nodes)), judge)
-    if claims is not None and info.is_chief:
-        claims.start(gen.members)
-    while True:
-        status, decision, deferred = one(gen)
-        if not decision.restart:
-            return status, gen.info
-        members = decision.members or gen.members
-        nxt = Generation(decision.generation,
-                         membership_info(info, members, decision.resume.checkpoint),
-                         members, judge, deferred)
-        why = claims.claim(nxt.number, members, gen.members) if (
-            claims is not None and nxt.info.is_chief) else None
-        if why is not None:
-            print(f"det-launch: not restarting: {why}; exit status {status}", file=sys.stderr,
-                  flush=True)
-            return status, gen.info
-        gen = nxt
+
+    ``claims`` (``--min-nodes``): the generation's claims in the run
+    directory. Each generation is claimed before it starts, so two groups of
+    nodes that lost sight of each other never both continue; a launcher that
+    finds the job running without it asks to rejoin and waits (at most
+    ``join_timeout``) for the generation that takes it."""
+    me, everyone = info.container_rank, tuple(range(info.num_nodes))
+    gen: Optional[Generation] = Generation(0, info, everyone, judge)
+    alive = threading.Event()
+    if claims is not None and judge is not None:
+        if claims.live(me):
+            gen = _rejoin(info, judge, claims, join_timeout)
+        elif info.is_chief:
+            claims.start(everyone)
+        threading.Thread(target=_keep_alive, args=(claims, me, alive), daemon=True).start()
+    try:
+        while gen is not None:
+            if claims is not None and gen.info.is_chief:
+                gen = dataclasses.replace(gen, joining=claims.joiners)
+            status, decision, deferred = one(gen)
+            if not decision.restart:
+                if claims is not None and gen.info.is_chief:
+                    claims.end()
+                return status, gen.info
+            members = decision.members or gen.members
+            nxt = Generation(decision.generation,
+                             membership_info(info, members, decision.resume.checkpoint),
+                             members, judge, deferred)
+            # Claimed by the lowest node of both generations: the new chief after a loss
+            # (every survivor decided the same), the chief that took in a rejoining node.
+            if claims is not None and judge is not None and me == min(
+                    set(members) & set(gen.members)):
+                why = claims.claim(nxt.number, members, gen.members, restarts=judge.used(),
+                                   checkpoint=decision.resume.checkpoint,
+                                   steps=decision.resume.steps)
+                if why is not None:
+                    _say(f"not restarting: {why}; exit status {status}")
+                    return status, gen.info
+                claims.forget_joins(members)
+            gen = nxt
+        return 1, info
+    finally:
+        alive.set()
+
+
+def _keep_alive(claims: Claims, me: int, stop: threading.Event) -> None:
+    claims.touch(me)
+    while not stop.wait(ALIVE_EVERY):
+        claims.touch(me)
+
+
+def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
+            timeout: float) -> Optional[Generation]:
+    """Ask the running job to take this node back, and wait for the
+    generation that does (``None``: it did not within ``timeout``)."""
+    me = info.container_rank
+    newest = claims.newest()
+    seen = -1 if newest is None else newest.generation
+    claims.ask_to_join(me)
+    _say(f"the job runs on {nodes(newest.members if newest else ())} without node {me}: "
+         f"asking to rejoin at its next checkpoint")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not claims.ended():
+        claim = claims.newest()
+        if claim is not None and claim.generation > seen and me in claim.members:
+            start = Progress(claim.checkpoint, claim.steps)
+            judge.join_at(claim.generation, claim.members, start, claim.restarts)
+            return Generation(claim.generation,
+                              membership_info(info, claim.members, claim.checkpoint),
+                              claim.members, judge)
+        time.sleep(0.2)
+    claims.forget_joins((me,))
+    why = "the job ended" if claims.ended() else f"no generation took it within {timeout:g}s"
+    _say(f"node {me} did not rejoin the running job: {why}; exit status 1 (the workers must "
+         f"listen for preemption, core.init, for a node to rejoin)")
+    return None
+
+
+def _say(line: str) -> None:
+    print(f"det-launch: {line}", file=sys.stderr, flush=True)
 
 
 def generation_secret(secret: Optional[str], generation: int,

@@ -206,7 +206,9 @@ def run(
     # --min-nodes: nodes may continue without others; claims keep that to one group
     claims = Claims(run_dir_for(info.trial, env)) if (
         judge is not None and options.min_nodes is not None and info.trial is not None) else None
-    status, info = run_generations(info, judge, one, claims)
+    sup = options.supervisor  # a rejoining node waits for the job's next checkpoint
+    join_timeout = sup.connect_timeout + sup.preempt_grace + sup.kill_after
+    status, info = run_generations(info, judge, one, claims, join_timeout)
     if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
         requeue_slurm_job(env)
     return status
@@ -231,7 +233,8 @@ def _generation(
         if gen.number == 0 and (env.get(envvars.C10D_PORT) or not info.single_node):
             check_ports_free(info, runtime)
         supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=gen.judge,
-                                deferred=gen.deferred, members=gen.members)
+                                deferred=gen.deferred, members=gen.members,
+                                joining=gen.joining)
         return supervisor.run(), supervisor.decision, supervisor.deferred
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)

@@ -26,6 +26,7 @@ from tests.conftest import (
     base_env,
     exec_on_two_nodes,
     free_port_block,
+    wait_for_file,
     write_cluster_info,
 )
 
@@ -216,6 +217,74 @@ def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
     assert b.claim(1, (1, 2), previous=(0, 1, 2)) is None
 
 
+def test_a_rejoin_scales_back_up_without_using_a_restart() -> None:
+    from determined_launch.errors import EXIT_PREEMPTED
+
+    lose = lost((0, 1, 2), (2,))
+    made_room = Attempt(1, EXIT_PREEMPTED, "", False, C4, C4, members=(0, 1), joining=(2,))
+    d = decide(1, [lose, made_room], NONE, min_nodes=2)
+    assert d.restart and d.members == (0, 1, 2) and d.generation == 2 and d.resume == C4
+    assert d.why == ("node 2 rejoins: continuing on nodes 0, 1, 2 (generation 2); resuming "
+                     "from checkpoint ck-4, steps_completed 4")
+    # the one restart was used by the loss; the rejoin took none, and the history says one
+    crash = Attempt(2, 3, "rank 0 on node 0 (h0) exited with status 3", False, C4, C4,
+                    members=(0, 1, 2))
+    final = decide(1, [lose, made_room, crash], NONE, min_nodes=2)
+    assert final.why == "not restarting: all 1 restart used"
+    assert final.history == f" after 1 restart (1: {LOST2})"
+    # a preemption with nobody joining ends the job, as before
+    alone = Attempt(1, EXIT_PREEMPTED, "", False, C4, C4, members=(0, 1))
+    assert not decide(1, [lose, alone], NONE, min_nodes=2).restart
+
+
+def test_every_node_keeps_the_rejoin_record() -> None:
+    """The chief decides the rejoin; node 1 follows and counts it as no restart;
+    the rejoining node takes the record from the claim."""
+    from determined_launch.errors import EXIT_PREEMPTED
+
+    chief, node, back = judges(3, max_restarts=1, min_nodes=2)
+    lost2 = Failure(1, "the launcher", 2, "h2", 1.0, how="was lost")
+    for j in (chief, node):
+        j.decide(1, lost2, frozenset({2}) if j is chief else frozenset())
+    word = chief.decide(EXIT_PREEMPTED, None, joining=(2,))
+    node.decide(EXIT_PREEMPTED, None)
+    assert node.follow(word) == word and word.members == (0, 1, 2)
+    assert chief.used() == node.used() == 1
+    back.join_at(2, (0, 1, 2), C4, used=1)
+    assert back.used() == 1 and back.members == (0, 1, 2) and len(back.attempts) == 2
+    crash = Failure(3, "rank 0", 0, "h0", 1.0)
+    assert {j.decide(3, crash).why for j in (chief, node, back)} == {
+        "not restarting: all 1 restart used"}
+
+
+def test_a_node_asks_to_rejoin_only_a_running_job(tmp_path: Path) -> None:
+    import os
+
+    from determined_launch.claims import ALIVE_STALE, Claims
+
+    c = Claims(tmp_path)
+    assert not c.live(2)  # nothing here: a new job
+    c.start((0, 1, 2))
+    assert not c.live(2)  # the job runs with node 2: it is not rejoining
+    assert c.claim(1, (0, 1), (0, 1, 2), checkpoint="ck-4", steps=4, restarts=1) is None
+    assert not c.live(2)  # ... nobody alive (a crashed job's leftovers)
+    c.touch(0)
+    assert c.live(2) and not c.live(0)
+    old = (tmp_path / "generations" / "alive-0").stat().st_mtime - ALIVE_STALE - 1
+    os.utime(tmp_path / "generations" / "alive-0", (old, old))
+    assert not c.live(2)  # stale
+    c.touch(1)
+    c.ask_to_join(2)
+    assert c.joiners() == (2,)
+    claim = c.newest()
+    assert claim is not None and (claim.generation, claim.members, claim.checkpoint,
+                                  claim.steps, claim.restarts) == (1, (0, 1), "ck-4", 4, 1)
+    c.forget_joins((0, 1, 2))
+    assert c.joiners() == ()
+    c.end()
+    assert not c.live(2)  # the job ended: nothing to rejoin
+
+
 # ------------------------------------------------------------------ real jobs
 WORKER = [sys.executable, str(WORKERS / "elastic_worker.py")]
 STEPS, CKPT_EVERY = 12, 4
@@ -230,12 +299,12 @@ def model():  # type: ignore[no-untyped-def]
     return elastic_model
 
 
-def reference(skip: int = -1, repeat: int = -1) -> float:
+def reference(skip: int = -1, repeat: int = -1, steps: int = STEPS) -> float:
     """The uninterrupted one-process run's weight (``skip``/``repeat``: with that
     step's batch left out or used twice)."""
     m = model()
     w = 0.0
-    for step in range(STEPS):
+    for step in range(steps):
         batch = sum(m.sample(i) for i in range(step * m.GLOBAL_BATCH, (step + 1) * m.GLOBAL_BATCH))
         for _ in range(0 if step == skip else 2 if step == repeat else 1):
             w = m.update(w, step, batch)
@@ -248,22 +317,26 @@ def test_the_model_notices_a_skipped_or_repeated_batch() -> None:
     assert min(moved) >= 3e-4
 
 
+def node_command(tmp_path: Path, rank: int, n: int, port: int, flags: tuple[str, ...],
+                 **extra: str) -> tuple[list[str], dict[str, str]]:
+    """``det-launch FLAGS exec -- elastic_worker`` as simulated node ``rank`` of ``n``."""
+    info = write_cluster_info(tmp_path / f"node{rank}.json",
+                              container_addrs=["127.0.0.1"] * n, container_rank=rank,
+                              container_slot_counts=[1] * n)
+    env = base_env(**{
+        "DET_CLUSTER_INFO_FILE": str(info), "C10D_PORT": str(port),
+        "DET_DIST_SECRET": "m" * 32, "DET_KILL_AFTER": "3", "NODE_ID": str(rank),
+        "DET_RUN_DIR": str(tmp_path / "run"), "STEPS": str(STEPS),
+        "CKPT_EVERY": str(CKPT_EVERY), "PAUSE_FILE": str(tmp_path / "paused"),
+        "PAUSE_AT": "6", "DET_LAUNCH_CONNECT_TIMEOUT": "20", **extra})
+    return [sys.executable, "-m", "determined_launch.cli", *flags, "exec", "--", *WORKER], env
+
+
 def start_nodes(tmp_path: Path, n: int, launches: list[Launch], flags: tuple[str, ...],
-                **extra: str) -> list[Launch]:
-    """``det-launch FLAGS exec -- elastic_worker`` as ``n`` simulated nodes on loopback."""
-    port = free_port_block()
-    nodes = []
-    for rank in range(n):
-        info = write_cluster_info(tmp_path / f"node{rank}.json",
-                                  container_addrs=["127.0.0.1"] * n, container_rank=rank,
-                                  container_slot_counts=[1] * n)
-        env = base_env(DET_CLUSTER_INFO_FILE=str(info), C10D_PORT=str(port),
-                       DET_DIST_SECRET="m" * 32, DET_KILL_AFTER="3", NODE_ID=str(rank),
-                       DET_RUN_DIR=str(tmp_path / "run"), STEPS=str(STEPS),
-                       CKPT_EVERY=str(CKPT_EVERY), PAUSE_FILE=str(tmp_path / "paused"),
-                       PAUSE_AT="6", DET_LAUNCH_CONNECT_TIMEOUT="20", **extra)
-        nodes.append(Launch([sys.executable, "-m", "determined_launch.cli", *flags, "exec",
-                             "--", *WORKER], env))
+                port: int = 0, **extra: str) -> list[Launch]:
+    """``n`` simulated nodes on loopback, started and registered for cleanup."""
+    port = port or free_port_block()
+    nodes = [Launch(*node_command(tmp_path, rank, n, port, flags, **extra)) for rank in range(n)]
     launches.extend(nodes)
     return nodes
 
@@ -284,28 +357,61 @@ def final_w(out: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victim", [2, 0], ids=["worker-node", "chief-node"])
-def test_losing_a_node_continues_on_the_others_with_the_exact_weight(
-        tmp_path: Path, launches: list[Launch], victim: int) -> None:
-    """3 nodes, --min-nodes 2: the node is killed at step 6 (checkpoint at 4);
-    the other two continue from step 4, led by the lowest survivor, and end
-    with the uninterrupted run's weight."""
+def test_losing_the_chief_continues_on_the_others_with_the_exact_weight(
+        tmp_path: Path, launches: list[Launch]) -> None:
+    """3 nodes, --min-nodes 2: the chief's launcher is killed at step 6
+    (checkpoint at 4); nodes 1 and 2 continue from step 4, led by node 1 (the
+    lowest survivor, which each decided alone), and end with the uninterrupted
+    run's weight."""
     nodes = start_nodes(tmp_path, 3, launches, ("--max-restarts", "2", "--min-nodes", "2"),
-                        PAUSE_NODE=str(victim))
-    kill_when_paused(tmp_path, nodes[victim])
-    survivors = [n for i, n in enumerate(nodes) if i != victim]
+                        PAUSE_NODE="0")
+    kill_when_paused(tmp_path, nodes[0])
+    survivors = nodes[1:]
     for node in survivors:
         assert node.wait(60) == 0, node.stdout + node.stderr
     leader = survivors[0]  # the lowest surviving node: the new chief (rank 0)
     assert math.isclose(final_w(leader.stdout), reference(), abs_tol=1e-9), leader.stdout
-    assert f"node={1 if victim == 0 else 0} rank=0 size=2 start=4" in leader.stdout
+    assert "node=1 rank=0 size=2 start=4" in leader.stdout
     for node in survivors:
-        assert re.search(rf"restart 1 of 2 after the (chief's )?launcher on node {victim} "
-                         rf".*continuing without node {victim} on nodes", node.stderr), node.stderr
+        assert re.search(r"restart 1 of 2 after the chief's launcher on node 0 .*continuing "
+                         r"without node 0 on nodes 1, 2", node.stderr), node.stderr
         assert "job succeeded on 2 nodes (exit status 0) after 1 restart" in node.stderr
     claim = json.loads((tmp_path / "run" / "generations" / "1.json").read_text())
-    assert claim["members"] == [i for i in range(3) if i != victim]  # claimed by its chief
+    assert claim["members"] == [1, 2]  # claimed by its chief
     for node in nodes:
+        assert node.leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_lost_node_that_comes_back_rejoins_with_the_exact_weight(
+        tmp_path: Path, launches: list[Launch]) -> None:
+    """3 nodes, --min-nodes 2: node 2's launcher is killed at step 6; nodes 0
+    and 1 continue from the checkpoint at step 4; node 2's launcher is started
+    again with the same command, asks to rejoin, the chief preempts (the
+    workers checkpoint) and the three continue together, ending with the
+    uninterrupted run's weight."""
+    steps = 40
+    extra = {"PAUSE_NODE": "2", "STEPS": str(steps), "STEP_SLEEP": "0.1"}
+    flags = ("--max-restarts", "2", "--min-nodes", "2")
+    port = free_port_block()
+    nodes = start_nodes(tmp_path, 3, launches, flags, port, **extra)
+    kill_when_paused(tmp_path, nodes[2])
+    wait_for_file(tmp_path / "run" / "generations" / "1.json", 60, "generation 1's claim")
+    again = Launch(*node_command(tmp_path, 2, 3, port, flags, **extra))  # the same command
+    launches.append(again)
+    for node in (nodes[0], nodes[1], again):
+        assert node.wait(90) == 0, node.stdout + node.stderr
+    assert math.isclose(final_w(nodes[0].stdout), reference(steps=steps), abs_tol=1e-9), \
+        nodes[0].stdout
+    assert "node=0 rank=0 size=2 start=4" in nodes[0].stdout  # continued without node 2
+    assert re.search(r"node=2 rank=2 size=3 start=(\d+)", again.stdout), again.stdout
+    assert "asking to rejoin at its next checkpoint" in again.stderr
+    assert re.search(r"node 2 rejoins: continuing on nodes 0, 1, 2 \(generation 2\)",
+                     nodes[0].stderr), nodes[0].stderr
+    assert "job succeeded on 3 nodes (exit status 0) after 1 restart" in nodes[0].stderr
+    claim = json.loads((tmp_path / "run" / "generations" / "2.json").read_text())
+    assert claim["members"] == [0, 1, 2] and claim["restarts"] == 1
+    for node in (*nodes, again):
         assert node.leftovers() == []
 
 

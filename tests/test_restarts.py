@@ -210,7 +210,7 @@ info = ClusterInfo(("127.0.0.1",), 0, (1,), (0,), "test")
 class Judge:
     def __init__(self, restart):
         self.restart = restart
-    def decide(self, status, cause, lost=frozenset()):
+    def decide(self, status, cause, lost=frozenset(), joining=()):
         if self.restart:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the generation ends
         return Decision(self.restart, "restart 1 of 1 (test)", generation=1)

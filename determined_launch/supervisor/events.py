@@ -152,6 +152,14 @@ class PreemptFileAppeared:
 
 
 @dataclasses.dataclass(frozen=True)
+class JoinRequested:
+    """Nodes (original ranks) ask to rejoin the job (``--min-nodes``): the chief
+    preempts the generation, so the next one starts with them."""
+
+    nodes: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class PreemptListening:
     """A worker on this node watches for preemption (``core.init`` did)."""
 
@@ -174,6 +182,7 @@ Event = Union[
     RankFinished,
     SignalReceived,
     PreemptFileAppeared,
+    JoinRequested,
     PreemptListening,
     PreemptAcknowledged,
     PeerMessage,

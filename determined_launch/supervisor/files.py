@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import time
 from collections.abc import Iterable
 from typing import Optional
 
 from determined_launch import envvars
+from determined_launch.supervisor.events import Event, RankExited, RankFinished
 
 
 def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
@@ -44,3 +47,34 @@ def finished_rank(name: str) -> Optional[int]:
     if name.startswith(prefix) and name.endswith(suffix) and middle.isdigit():
         return int(middle)
     return None
+
+
+def status_events(status_dir: str, seen: set[str]) -> list[Event]:
+    """What wrap_rank's and core.init()'s per-rank status files say that
+    ``seen`` (updated) did not list yet."""
+    try:
+        names = os.listdir(status_dir)
+    except OSError:
+        return []
+    out: list[Event] = []
+    for name in sorted(names):  # "rank-N.finished" before "rank-N.json"
+        if name in seen:
+            continue
+        finished = finished_rank(name)
+        if finished is not None:
+            seen.add(name)
+            out.append(RankFinished(finished))
+            continue
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(status_dir, name), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue  # being written (writers rename atomically, but be lenient)
+        seen.add(name)
+        status, rank, when = record.get("exit_status"), record.get("rank"), record.get("time")
+        if isinstance(status, int) and isinstance(rank, int):
+            t = float(when) if isinstance(when, (int, float)) else time.time()
+            out.append(RankExited(rank, status, t))
+    return out

@@ -69,10 +69,11 @@ def await_chief(link: ControlLink, early: Optional[Message], timeout: float
 
 
 def chief_decides(link: ChiefLink, judge: RestartJudge, status: int, cause: Optional[Failure],
-                  timeout: float) -> Decision:
-    """Chief: decide (the nodes not connected now are lost) and tell every node."""
+                  timeout: float, joining: tuple[int, ...] = ()) -> Decision:
+    """Chief: decide (the nodes not connected now are lost; ``joining``: the
+    nodes it preempted the generation for) and tell every node."""
     lost = frozenset(range(1, link.num_nodes)) - link.connected_nodes
-    return announce(link, judge.decide(status, cause, lost), timeout)
+    return announce(link, judge.decide(status, cause, lost, joining), timeout)
 
 
 def node_decides(link: ControlLink, judge: RestartJudge, status: int, cause: Optional[Failure],

@@ -18,7 +18,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
@@ -26,7 +26,7 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
 from determined_launch.supervisor import verdict as v
 from determined_launch.supervisor.config import SupervisorConfig
-from determined_launch.supervisor.files import finished_rank, remove_leftovers, write_private_file
+from determined_launch.supervisor.files import remove_leftovers, status_events, write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
 from determined_launch.supervisor.restarts import Decision, RestartJudge
@@ -53,8 +53,13 @@ class Supervisor:
         restarts: Optional[RestartJudge] = None,
         deferred: frozenset[int] = frozenset(),
         members: tuple[int, ...] = (),  # nodes' names in messages (``Settings.ids``)
+        joining: Optional[Callable[[], tuple[int, ...]]] = None,
     ) -> None:
         config = config or SupervisorConfig()
+        #: the chief's (``--min-nodes``): nodes asking to rejoin, and those it preempted for
+        self.joining, self.members = joining, members
+        self._joiners: tuple[int, ...] = ()
+        self._join_check_at = 0.0
         #: signals the previous generation blocked for this one (``_defer_signals``);
         #: after ``run``, those this one blocked for the next
         self.deferred = deferred
@@ -157,11 +162,12 @@ class Supervisor:
 
         cause = self.verdict.cause
         if self.link is None:
-            return self.restarts.decide(status, cause)
+            return self.restarts.decide(status, cause, joining=self._joiners)
         if isinstance(self.link, handoff.ChiefLink):
             # A node stops within kill_after (and its KILL retries), then waits for our word.
             bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
-            return handoff.chief_decides(self.link, self.restarts, status, cause, bound)
+            return handoff.chief_decides(self.link, self.restarts, status, cause, bound,
+                                         self._joiners)
         # A signal meanwhile waits for the next generation (_defer_signals).
         return handoff.node_decides(self.link, self.restarts, status, cause,
                                     self.verdict.chief_gone, self._next,
@@ -278,6 +284,13 @@ class Supervisor:
         path = self.config.preempt_file
         if path and self.verdict.phase == v.Phase.RUNNING and os.path.exists(path):
             events.append(v.PreemptFileAppeared(path))
+        if (self.joining is not None and not self._joiners and self.verdict.listening
+                and self.verdict.phase == v.Phase.RUNNING
+                and time.monotonic() >= self._join_check_at):  # workers that can checkpoint
+            self._join_check_at = time.monotonic() + 1.0
+            self._joiners = tuple(n for n in self.joining() if n not in self.members)
+            if self._joiners:
+                events.append(v.JoinRequested(self._joiners))
         events.extend(self._status_files())
         now = time.time()
         events.extend(v.ProcessExited(i, status, now) for i, status in self.processes.poll())
@@ -288,32 +301,7 @@ class Supervisor:
             yield self.signals.popleft()
 
     def _status_files(self) -> list[v.Event]:
-        try:
-            names = os.listdir(self.runtime.status_dir)
-        except OSError:
-            return []
-        out: list[v.Event] = []
-        for name in sorted(names):  # "rank-N.finished" before "rank-N.json"
-            if name in self.seen_status_files:
-                continue
-            finished = finished_rank(name)
-            if finished is not None:
-                self.seen_status_files.add(name)
-                out.append(v.RankFinished(finished))
-                continue
-            if not name.endswith(".json"):
-                continue
-            try:
-                with open(os.path.join(self.runtime.status_dir, name), encoding="utf-8") as f:
-                    record = json.load(f)
-            except (OSError, ValueError):
-                continue  # being written (writers rename atomically, but be lenient)
-            self.seen_status_files.add(name)
-            status, rank, when = record.get("exit_status"), record.get("rank"), record.get("time")
-            if isinstance(status, int) and isinstance(rank, int):
-                t = float(when) if isinstance(when, (int, float)) else time.time()
-                out.append(v.RankExited(rank, status, t))
-        return out
+        return status_events(self.runtime.status_dir, self.seen_status_files)
 
     def _feed(self, events: list[v.Event]) -> None:
         for event in events:

@@ -70,6 +70,13 @@ class Attempt:
     #: the generation's nodes and those of them lost (original ranks)
     members: tuple[int, ...] = ()
     lost: tuple[int, ...] = ()
+    #: nodes that asked to rejoin; the generation was preempted to make room for them
+    joining: tuple[int, ...] = ()
+
+    @property
+    def rejoined(self) -> bool:
+        """Ended by the preemption that makes room for rejoining nodes: not a restart."""
+        return bool(self.joining) and self.status == EXIT_PREEMPTED and not self.cause
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +148,15 @@ def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress,
     ``min_nodes``: ``--min-nodes`` (``None``: every node is needed).
     """
     last = attempts[-1]
-    done = len(attempts) - 1  # restarts already made
+    done = sum(not a.rejoined for a in attempts[:-1])  # restarts already made
+    if last.rejoined:  # scale back up: not a failure, uses no restart
+        members = tuple(sorted(set(last.members) | set(last.joining)))
+        resume = last.end if last.end.checkpoint is not None else initial
+        verb = "rejoins" if len(last.joining) == 1 else "rejoin"
+        return Decision(True, (f"{nodes(last.joining)} {verb}: continuing on {nodes(members)} "
+                               f"(generation {last.generation + 1}); resuming from "
+                               f"{resume.describe()}"),
+                        resume=resume, generation=last.generation + 1, members=members)
     if last.status == EXIT_OK or (last.status == EXIT_PREEMPTED and not last.cause):
         return Decision(False)
     if last.interrupted:
@@ -180,7 +195,7 @@ def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress,
 
 def history(attempts: Sequence[Attempt]) -> str:
     """What the final summary adds when restarts happened: how many, and why."""
-    failed = attempts[:-1]
+    failed = [a for a in attempts[:-1] if not a.rejoined]
     if not failed:
         return ""
     n = len(failed)
@@ -192,9 +207,10 @@ class RestartJudge(Protocol):
     """Whether the job restarts, as the supervisor asks it (``generations.Restarts``)."""
 
     def decide(self, status: int, cause: Optional[Failure],
-               lost: frozenset[int] = frozenset()) -> Decision:
-        """From this generation's exit status, cause and the nodes (its
-        ranks) whose launchers are gone."""
+               lost: frozenset[int] = frozenset(), joining: tuple[int, ...] = ()) -> Decision:
+        """From this generation's exit status, cause, the nodes (its ranks)
+        whose launchers are gone and the nodes (original ranks) it was
+        preempted for, to let them rejoin."""
 
     def follow(self, decision: Decision) -> Decision:
         """The chief's decision, as this node takes it."""

@@ -34,6 +34,7 @@ from determined_launch.supervisor.events import (
     Broadcast,
     Event,
     Failure,
+    JoinRequested,
     Kind,
     Log,
     PeerMessage,
@@ -180,6 +181,9 @@ class Verdict:
             self._signal(event.sig, now, wall, out)
         elif isinstance(event, PreemptFileAppeared):
             self.request_preemption(f"saw the preemption file {event.path}", None, now, wall, out)
+        elif isinstance(event, JoinRequested):
+            who = ", ".join(map(str, event.nodes))
+            self.request_preemption(f"makes room for node {who} (rejoining)", None, now, wall, out)
         elif isinstance(event, PreemptListening):
             self.listening = True
         elif isinstance(event, PreemptAcknowledged):

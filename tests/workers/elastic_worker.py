@@ -10,7 +10,9 @@ nodes and resumes from its checkpoint ends exactly where an uninterrupted
 one-process run does. Checkpoints every CKPT_EVERY steps (the chief), resumes
 from ``det.get_cluster_info().latest_checkpoint``.
 
-``PAUSE_AT``/``PAUSE_FILE``: before step PAUSE_AT, the first time only, the
+It checks for preemption before every step (a node that rejoins preempts
+the job), checkpointing and exiting 0 when asked. ``STEP_SLEEP``: seconds
+per step. ``PAUSE_AT``/``PAUSE_FILE``: before step PAUSE_AT, the first time only, the
 rank on node ``PAUSE_NODE`` (its address's position in the first node list,
 passed as ``NODE_ID``) writes PAUSE_FILE and sleeps, so the test can kill
 that node's launcher at a known point. The chief prints ``final w=<repr>``.
@@ -48,6 +50,15 @@ def main() -> None:
             w, start = state["w"], state["steps_completed"]
         print(f"node={node} rank={rank} size={size} start={start}", flush=True)
         for step in range(start, STEPS):
+            if ctx.preempt.should_preempt():  # e.g. to let a node rejoin: checkpoint, exit 0
+                if rank == 0:
+                    with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
+                        (path / "state.json").write_text(
+                            json.dumps({"w": w, "steps_completed": step}))
+                dist.allgather(None)
+                print(f"node={node} preempted at step {step}", flush=True)
+                return
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
             pause = pathlib.Path(os.environ.get("PAUSE_FILE", "/nonexistent/x"))
             if (node == os.environ.get("PAUSE_NODE") and step == int(os.environ["PAUSE_AT"])
                     and not pause.exists()):
