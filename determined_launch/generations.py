@@ -259,6 +259,8 @@ def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not claims.ended():
         claim = claims.newest()
+        if claim is not None and claim.generation < seen and me in claim.members:
+            return Generation(0, info, tuple(range(info.num_nodes)), judge)  # a new job here
         if claim is not None and claim.generation > seen and me in claim.members:
             start = Progress(claim.checkpoint, claim.steps)
             judge.join_at(claim.generation, claim.members, start, claim.restarts)

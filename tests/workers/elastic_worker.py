@@ -11,11 +11,14 @@ one-process run does. Checkpoints every CKPT_EVERY steps (the chief), resumes
 from ``det.get_cluster_info().latest_checkpoint``.
 
 It checks for preemption before every step (a node that rejoins preempts
-the job), checkpointing and exiting 0 when asked. ``STEP_SLEEP``: seconds
-per step. ``PAUSE_AT``/``PAUSE_FILE``: before step PAUSE_AT, the first time only, the
-rank on node ``PAUSE_NODE`` (its address's position in the first node list,
-passed as ``NODE_ID``) writes PAUSE_FILE and sleeps, so the test can kill
-that node's launcher at a known point. The chief prints ``final w=<repr>``.
+the job), checkpointing and exiting 0 when asked. ``HOLD_AT``: a
+2-node generation waits before step HOLD_AT until it is preempted (so that
+a node can rejoin before the job ends).
+
+``PAUSE_AT``/``PAUSE_FILE``: before step PAUSE_AT, the first time only, the
+rank on node ``PAUSE_NODE`` (its position in the first node list, passed as
+``NODE_ID``) writes PAUSE_FILE and sleeps, so the test can kill that node's
+launcher at a known point. The chief prints ``final w=<repr>``.
 """
 
 import json
@@ -50,6 +53,10 @@ def main() -> None:
             w, start = state["w"], state["steps_completed"]
         print(f"node={node} rank={rank} size={size} start={start}", flush=True)
         for step in range(start, STEPS):
+            if size == 2 and step == int(os.environ.get("HOLD_AT", "-1")):
+                deadline = time.monotonic() + 60  # until a node asks to rejoin (a preemption)
+                while not ctx.preempt.should_preempt() and time.monotonic() < deadline:
+                    time.sleep(0.05)
             if ctx.preempt.should_preempt():  # e.g. to let a node rejoin: checkpoint, exit 0
                 if rank == 0:
                     with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
@@ -58,7 +65,6 @@ def main() -> None:
                 dist.allgather(None)
                 print(f"node={node} preempted at step {step}", flush=True)
                 return
-            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
             pause = pathlib.Path(os.environ.get("PAUSE_FILE", "/nonexistent/x"))
             if (node == os.environ.get("PAUSE_NODE") and step == int(os.environ["PAUSE_AT"])
                     and not pause.exists()):
