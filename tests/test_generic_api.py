@@ -124,17 +124,20 @@ def test_the_tutorial_runs_as_a_random_search(tmp_path: pathlib.Path) -> None:
     it reports batches (the old driver stopped each after its first report)."""
     work = _copy_example(tmp_path)
     config = (work / "my_config.yaml").read_text()
-    # Epochs long enough (1024+ batches) for the old driver's stop to land before the end.
-    small = (config.replace("epochs: 50", "epochs: 3").replace("max_trials: 10", "max_trials: 2")
+    # Epochs long enough (1024+ batches) for the old driver's stop to land before the end;
+    # two of them, so that stopping after the first report shows.
+    small = (config.replace("epochs: 50", "epochs: 2").replace("max_trials: 10", "max_trials: 2")
              .replace("maxval: 64", "maxval: 2"))
     (work / "small.yaml").write_text(small)
+    # Both trials at once: each is mostly a torch start-up, and there are 2 cores.
     r = subprocess.run([sys.executable, "-m", "determined_launch.cli", "experiment", "small.yaml"],
-                       cwd=work, env=base_env(), capture_output=True, text=True, timeout=300)
+                       cwd=work, env=base_env(DET_EXPERIMENT_CONCURRENCY="2"),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     trials = sorted((work / "det_experiments" / "small" / "trials").iterdir())
     assert len(trials) == 2
     for trial in trials:
-        assert len(read_jsonl(trial / "validation.jsonl")) == 3, trial
+        assert len(read_jsonl(trial / "validation.jsonl")) == 2, trial
         assert len(read_jsonl(trial / "searcher.jsonl")) == 1, trial  # op.complete() ran
     best = json.loads((work / "det_experiments" / "small" / "best_trial.json").read_text())
     assert best["hparams"]["batch_size"] in (1, 2)
