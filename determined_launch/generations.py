@@ -111,8 +111,9 @@ class Restarts:
         (stand-ins for the generations it missed, ``used`` of them restarts)."""
         self.attempts = [Attempt(g, 1 if g < used else EXIT_PREEMPTED,
                                  "a generation this node missed" if g < used else "",
-                                 False, start, start, joining=() if g < used else (self.me,))
-                         for g in range(generation)]
+                                 False, start, start, node_lost=g < used,
+                                 joining=() if g < used else (self.me,))
+                         for g in range(generation)]  # never "the same failure repeated"
         self.start, self.members = start, members
 
     def follow(self, decision: Decision) -> Decision:

@@ -13,7 +13,7 @@ from ``det.get_cluster_info().latest_checkpoint``.
 It checks for preemption before every step (a node that rejoins preempts
 the job), checkpointing and exiting 0 when asked. ``HOLD_AT``: a
 2-node generation waits before step HOLD_AT until it is preempted (so that
-a node can rejoin before the job ends).
+a node can rejoin before the job ends). ``STEP_SLEEP``: seconds per step.
 
 ``PAUSE_AT``/``PAUSE_FILE``: before step PAUSE_AT, the first time only, the
 rank on node ``PAUSE_NODE`` (its position in the first node list, passed as
@@ -65,6 +65,7 @@ def main() -> None:
                 dist.allgather(None)
                 print(f"node={node} preempted at step {step}", flush=True)
                 return
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
             pause = pathlib.Path(os.environ.get("PAUSE_FILE", "/nonexistent/x"))
             if (node == os.environ.get("PAUSE_NODE") and step == int(os.environ["PAUSE_AT"])
                     and not pause.exists()):

@@ -1,0 +1,157 @@
+"""Chaos check of ``--min-nodes`` (issue 27 §2): random SIGKILLs of random nodes.
+
+    python benchmarks/chaos_node_loss.py [--kills 20] [--runs 1] [--min-nodes 1] [--seed 0]
+
+Three simulated nodes on loopback, each ``det-launch --max-restarts 50
+--min-nodes K exec`` running ``tests/workers/elastic_worker.py`` (a Core API
+worker on a global sample stream whose every position moves the final
+weight). At random moments (0.3-3 s apart, so some land during a checkpoint
+save or while a generation starts) the launcher of a random running node,
+the chief's included, is SIGKILLed; a killed node is started again with the
+same command a moment later (a requeued step), so it rejoins. After
+``--kills`` kills the job is left to finish. Each run must end with the
+uninterrupted run's weight (within 1e-9), or, with fewer than K nodes left,
+with a clean failure line naming the lost nodes; no process may be left.
+
+Not part of the test suite (minutes, not seconds): run it by hand after
+changing the launcher's generations, claims or handoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = os.path.join(REPO, "tests", "workers")
+STEPS, CKPT_EVERY = 150, 4
+MARK = "CHAOS_NODE_LOSS_MARK"
+
+
+def reference() -> float:
+    sys.path.insert(0, WORKERS)
+    import elastic_model as m
+
+    w = 0.0
+    for step in range(STEPS):
+        batch = sum(m.sample(i) for i in range(step * m.GLOBAL_BATCH, (step + 1) * m.GLOBAL_BATCH))
+        w = m.update(w, step, batch)
+    return w
+
+
+def free_base() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + 3 <= 65535:
+            return base
+
+
+def start(run: str, rank: int, port: int, mark: str, k: int) -> subprocess.Popen[str]:
+    info = os.path.join(run, f"node{rank}.json")
+    with open(info, "w") as f:
+        f.write('{"container_addrs": ["127.0.0.1", "127.0.0.1", "127.0.0.1"], '
+                f'"container_rank": {rank}, "container_slot_counts": [1, 1, 1]}}')
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", DET_CLUSTER_INFO_FILE=info,
+               C10D_PORT=str(port), DET_DIST_SECRET="c" * 32, DET_KILL_AFTER="3",
+               DET_RUN_DIR=os.path.join(run, "run"), DET_LAUNCH_CONNECT_TIMEOUT="15",
+               NODE_ID=str(rank), STEPS=str(STEPS), CKPT_EVERY=str(CKPT_EVERY), STEP_SLEEP="0.1",
+               **{MARK: mark})
+    argv = [sys.executable, "-m", "determined_launch.cli", "--max-restarts", "50",
+            "--min-nodes", str(k), "exec", "--", sys.executable,
+            os.path.join(WORKERS, "elastic_worker.py")]
+    out = open(os.path.join(run, f"node{rank}.{uuid.uuid4().hex[:6]}.log"), "w")
+    return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def leftovers(mark: str) -> list[psutil.Process]:
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return left
+
+
+def one_run(kills: int, k: int, rng: random.Random, work: str) -> str:
+    run = tempfile.mkdtemp(prefix="chaos-", dir=work)
+    port, mark = free_base(), uuid.uuid4().hex
+    procs = {r: start(run, r, port, mark, k) for r in range(3)}
+    time.sleep(3.0)
+    done = 0
+    while done < kills and any(p.poll() is None for p in procs.values()):
+        time.sleep(rng.uniform(0.3, 3.0))
+        alive = [r for r, p in procs.items() if p.poll() is None]
+        if not alive:
+            break
+        victim = rng.choice(alive)
+        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].wait()
+        done += 1
+        time.sleep(rng.uniform(0.5, 2.0))  # the others notice, then it comes back
+        if any(p.poll() is None for r, p in procs.items() if r != victim):
+            procs[victim] = start(run, victim, port, mark, k)
+    deadline = time.monotonic() + 180
+    for p in procs.values():
+        try:
+            p.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+    time.sleep(2.0)
+    left = leftovers(mark)
+    for p in left:
+        p.kill()
+    logs = ""
+    for name in sorted(os.listdir(run)):
+        if name.endswith(".log"):
+            with open(os.path.join(run, name)) as f:
+                logs += f"--- {name}\n{f.read()}"
+    finals = [float(x) for x in re.findall(r"final w=(\S+)", logs)]
+    below = re.findall(r"fewer than --min-nodes \d+", logs)
+    shutil.rmtree(run, ignore_errors=True)
+    if left:
+        return f"LEFTOVER processes: {[p.pid for p in left]}"
+    if finals and all(abs(f - reference()) <= 1e-9 for f in finals):
+        return f"exact ({done} kills, {len(finals)} final line)"
+    if not finals and below:
+        return f"clean failure below K ({done} kills): {below[0]}"
+    return f"WRONG ({done} kills): finals {finals}, reference {reference()!r}\n{logs[-4000:]}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--min-nodes", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    rng = random.Random(args.seed)
+    work = tempfile.mkdtemp(prefix="chaos-node-loss-")
+    bad = 0
+    try:
+        for i in range(args.runs):
+            verdict = one_run(args.kills, args.min_nodes, rng, work)
+            bad += not verdict.startswith(("exact", "clean"))
+            print(f"run {i}: {verdict}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
