@@ -43,30 +43,36 @@ def test_sigkill_at_20_moments_never_exposes_a_partial_checkpoint(
     for _ in range(KILLS):
         ctx = CheckpointContext(_single_process(), backend, RunDir(run, trial_id=None))
         committed, _leftovers = backend.list_ids()
-        for sid in committed:  # metadata never changes once committed: read each once
-            if sid not in steps:
-                steps[sid] = backend.get_metadata(sid)["steps_completed"]
-        assert set(steps) == set(committed)  # nothing committed ever disappears
-        # The next run resumes from the newest committed checkpoint, exactly.
         latest = ctx.latest()
-        assert latest == (max(steps, key=lambda s: steps[s]) if steps else None)
-        resumed_from.append(steps.get(latest, 0) if latest else 0)
-        for sid, step in steps.items():  # every visible checkpoint is whole
-            if sid in verified:
-                continue
-            verified.add(sid)
-            with backend.restore_path(sid, None) as path:
-                assert sorted(os.listdir(path)) == [METADATA_FILE, "shard-0", "shard-1"]
-                for rank in (0, 1):
-                    assert (path / f"shard-{rank}").read_bytes() == worker.shard_content(step, rank)
+        # Committed checkpoints never change, so they are checked while the next
+        # worker starts (its botocore start-up takes ~1 s): same checks, less wall time.
         ready = mp.Event()
         proc = mp.Process(target=worker.train_forever, args=(block, str(run), ready))
         proc.start()
-        assert ready.wait(60), "worker did not start"
-        time.sleep(rng.uniform(0.0, 0.6))
-        assert proc.pid is not None and proc.is_alive(), f"worker died: {proc.exitcode}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(10)
+        try:
+            for sid in committed:  # metadata never changes once committed: read each once
+                if sid not in steps:
+                    steps[sid] = backend.get_metadata(sid)["steps_completed"]
+            assert set(steps) == set(committed)  # nothing committed ever disappears
+            # The next run resumes from the newest committed checkpoint, exactly.
+            assert latest == (max(steps, key=lambda s: steps[s]) if steps else None)
+            resumed_from.append(steps.get(latest, 0) if latest else 0)
+            for sid, step in steps.items():  # every visible checkpoint is whole
+                if sid in verified:
+                    continue
+                verified.add(sid)
+                with backend.restore_path(sid, None) as path:
+                    assert sorted(os.listdir(path)) == [METADATA_FILE, "shard-0", "shard-1"]
+                    for rank in (0, 1):
+                        assert (path / f"shard-{rank}").read_bytes() == worker.shard_content(
+                            step, rank)
+            assert ready.wait(60), "worker did not start"
+            time.sleep(rng.uniform(0.0, 0.6))
+            assert proc.pid is not None and proc.is_alive(), f"worker died: {proc.exitcode}"
+        finally:
+            if proc.pid is not None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
     assert resumed_from == sorted(resumed_from) and resumed_from[-1] > 0  # progress was kept
     committed, leftovers = backend.list_ids()
     assert committed and set(committed).isdisjoint(leftovers)
