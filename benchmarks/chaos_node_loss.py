@@ -123,10 +123,14 @@ def one_run(kills: int, k: int, rng: random.Random, work: str) -> str:
                 logs += f"--- {name}\n{f.read()}"
     finals = [float(x) for x in re.findall(r"final w=(\S+)", logs)]
     below = re.findall(r"fewer than --min-nodes \d+", logs)
-    shutil.rmtree(run, ignore_errors=True)
+    exact = finals and all(abs(f - reference()) <= 1e-9 for f in finals)
+    if exact or (not finals and below) or not os.environ.get("CHAOS_KEEP"):
+        shutil.rmtree(run, ignore_errors=True)
+    else:
+        print(f"kept {run}", flush=True)
     if left:
         return f"LEFTOVER processes: {[p.pid for p in left]}"
-    if finals and all(abs(f - reference()) <= 1e-9 for f in finals):
+    if exact:
         return f"exact ({done} kills, {len(finals)} final line)"
     if not finals and below:
         return f"clean failure below K ({done} kills): {below[0]}"
@@ -141,7 +145,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = random.Random(args.seed)
-    work = tempfile.mkdtemp(prefix="chaos-node-loss-")
+    work = tempfile.mkdtemp(prefix="chaos-node-loss-", dir=os.environ.get("CHAOS_KEEP"))
     bad = 0
     try:
         for i in range(args.runs):
@@ -149,7 +153,8 @@ def main() -> int:
             bad += not verdict.startswith(("exact", "clean"))
             print(f"run {i}: {verdict}", flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("CHAOS_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
     return 1 if bad else 0
 
 

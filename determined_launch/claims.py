@@ -122,29 +122,38 @@ class Claims:
             os.unlink(tmp)
 
     # ------------------------------------------------------------------ rejoin
-    def touch(self, me: int) -> None:
-        """This launcher is running (every ``ALIVE_EVERY`` seconds)."""
+    def touch(self, me: int, generation: int = 0) -> None:
+        """This launcher runs ``generation`` (every ``ALIVE_EVERY`` seconds)."""
         try:
-            (self.dir / f"alive-{me}").touch()
+            (self.dir / f"alive-{me}").write_text(str(generation))
         except OSError:
             pass
 
     def live(self, me: int) -> bool:
-        """A job runs here now without this node: another launcher touched its
-        alive file lately, the job has not ended, and its newest claim leaves
-        this node out."""
+        """A job runs here now without this node: another launcher running a
+        later generation than the first (a new job's launchers say 0) touched
+        its alive file lately, the job has not ended, and its newest claim
+        leaves this node out."""
         if (self.dir / "end.json").exists():
             return False
         newest = self.newest()
         if newest is None or me in newest.members:
             return False
-        now = time.time()
+        # The file system's clock, not ours: the nodes' clocks may differ.
+        self.touch(me)
+        try:
+            now = (self.dir / f"alive-{me}").stat().st_mtime
+        except OSError:
+            now = time.time()
         for path in self.dir.glob("alive-*"):
             try:
-                if path.name != f"alive-{me}" and now - path.stat().st_mtime < ALIVE_STALE:
-                    return True
-            except OSError:
+                fresh = now - path.stat().st_mtime < ALIVE_STALE
+                running = int(path.read_text() or 0)
+            except (OSError, ValueError):
                 continue
+            # claim g+1 may be made while its members still say g
+            if path.name != f"alive-{me}" and fresh and running >= max(1, newest.generation - 1):
+                return True
         return False
 
     def ended(self) -> bool:

@@ -205,14 +205,17 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
     me, everyone = info.container_rank, tuple(range(info.num_nodes))
     gen: Optional[Generation] = Generation(0, info, everyone, judge)
     alive = threading.Event()
+    running = [0]  # the generation this node runs, for its alive file
     if claims is not None and judge is not None:
         if claims.live(me):
             gen = _rejoin(info, judge, claims, join_timeout)
         elif info.is_chief:
             claims.start(everyone)
-        threading.Thread(target=_keep_alive, args=(claims, me, alive), daemon=True).start()
+        threading.Thread(target=_keep_alive, args=(claims, me, running, alive),
+                         daemon=True).start()
     try:
         while gen is not None:
+            running[0] = gen.number
             if claims is not None and gen.info.is_chief:
                 gen = dataclasses.replace(gen, joining=claims.joiners)
             status, decision, deferred = one(gen)
@@ -241,10 +244,10 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         alive.set()
 
 
-def _keep_alive(claims: Claims, me: int, stop: threading.Event) -> None:
-    claims.touch(me)
+def _keep_alive(claims: Claims, me: int, running: list[int], stop: threading.Event) -> None:
+    claims.touch(me, running[0])
     while not stop.wait(ALIVE_EVERY):
-        claims.touch(me)
+        claims.touch(me, running[0])
 
 
 def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
