@@ -268,6 +268,45 @@ def test_tensorboard_under_run_dir_and_optional_fix7(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def _tags(logdir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for events in logdir.glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        tags.update(acc.Tags()["scalars"])
+    return tags
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_tensorboard_scalars_written_once_and_off_means_off(tmp_path: Path, enabled: bool
+                                                            ) -> None:
+    """The Trainer writes Determined/<name> itself; core (MANUAL under the
+    Trainer, as upstream) adds no training/<name> copy of every metric, and
+    enable_tensorboard_logging=False writes no scalar at all. With object
+    storage the event files still reach <storage>/tensorboard/<run>/."""
+    pytest.importorskip("tensorboard")
+    import fsspec
+
+    from tests.pytorch_fixtures.onevar import HPARAMS, OneVarTrial
+
+    url = f"memory://tbtrainer-{tmp_path.name}-{enabled}/ck"
+    with pytorch.init(hparams=dict(HPARAMS), seed=1, run_dir=str(tmp_path / "run"),
+                      checkpoint_storage=url, enable_tensorboard_logging=enabled) as ctx:
+        pytorch.Trainer(OneVarTrial(ctx), ctx).fit(max_length=Batch(2))
+    tags = _tags(tmp_path / "run" / "tensorboard")
+    if not enabled:
+        assert tags == set()
+        return
+    assert {"Determined/loss", "Determined/val_loss"} <= tags
+    assert all(tag.startswith("Determined/") for tag in tags), tags
+    (local,) = (tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*")
+    memory = fsspec.filesystem("memory")
+    (remote,) = memory.find(f"/tbtrainer-{tmp_path.name}-{enabled}/ck/tensorboard/run")
+    assert memory.cat_file(remote) == local.read_bytes()  # the final sync has the last report
+
+
 def test_schedules_and_epoch_periods(tmp_path: Path) -> None:
     """Container periods are explicit schedules; Epoch periods land on epoch ends."""
     run_trial(tmp_path, run="list", max_length=Batch(10), validation_period=Batch([3, 7]),

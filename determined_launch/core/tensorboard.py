@@ -136,11 +136,20 @@ class TensorboardManager:
             elif hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
                 writer.add_scalar(f"{group}/{name}", float(value.item()), steps_completed)
         writer.flush()
-        if self._auto_sync:
-            try:
-                self.sync()
-            except Exception as e:  # plots never stop training; retried at the next report
-                logger.warning("TensorBoard sync to storage failed: %s", e)
+        self.sync_as_auto()
+
+    def sync_as_auto(self, *, force: bool = False) -> None:
+        """AUTO's sync after a report (chief): new or changed files to object
+        storage, at most once a second unless ``force``; a directory storage
+        reads them in place. Also for a framework on core that writes its own
+        event files in MANUAL mode (the PyTorch Trainer). Plots never stop
+        training: a failure is a warning, retried at the next sync."""
+        if self._rank != 0 or not self._auto_sync:
+            return
+        try:
+            self.sync(force=force)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("TensorBoard sync to storage failed: %s", e)
 
     def sync(
         self,
@@ -174,10 +183,7 @@ class TensorboardManager:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self.mode is TensorboardMode.AUTO and self._rank == 0 and self._auto_sync:
-            try:
-                self.sync(force=True)
-            except Exception as e:  # never fail a finished run over its plots
-                logger.warning("TensorBoard sync at exit failed: %s", e)
+        if self.mode is TensorboardMode.AUTO:
+            self.sync_as_auto(force=True)
         for close in self.on_close:
             close()

@@ -39,6 +39,12 @@ class TrainContext(LocalTrainCalls):
         #: the chief's MLflow / W&B sinks (``--report-to``; core/trackers/)
         self._trackers = trackers
 
+    def _sync_tensorboard(self, *, force: bool = False) -> None:
+        """For the PyTorch Trainer, which writes its own event files in MANUAL
+        mode: sync them as AUTO mode would (object storage only, rate-limited)."""
+        if self._tensorboard is not None:
+            self._tensorboard.sync_as_auto(force=force)
+
     def get_tensorboard_path(self) -> pathlib.Path:
         """This rank's TensorBoard directory (synced to checkpoint storage)."""
         if self._tensorboard is None:

@@ -371,6 +371,20 @@ class PyTorchTrialContext:
             self._tbd_writer.close()
             self._tbd_writer = None
 
+    def _publish_tensorboard(self, *, final: bool = False) -> None:
+        """After each report, and ``final``-ly at exit (chief): flush the event
+        files and sync what changed (the Trainer's and the user's writer's
+        files) to object storage, as core's AUTO mode would; core itself runs
+        in MANUAL mode so that it does not write every metric a second time."""
+        if self.distributed.rank != 0:
+            return
+        flush = getattr(self._tbd_writer, "flush", None)
+        if flush is not None:
+            flush()
+        sync = getattr(getattr(self._core, "train", None), "_sync_tensorboard", None)
+        if sync is not None:
+            sync(force=final)
+
     def set_profiler(self, *args: Any, **kwargs: Any) -> None:
         """``torch.profiler.profile(*args, **kwargs)`` run around each training batch,
         traces written to the TensorBoard directory."""

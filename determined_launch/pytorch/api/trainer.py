@@ -133,6 +133,11 @@ def _init(
             checkpoint_storage=checkpoint_storage,
             run_dir=run_dir,
             preempt_mode=core.PreemptMode.WorkersAskChief,
+            # The Trainer writes its own scalars (Determined/<name>) when
+            # enable_tensorboard_logging is on and syncs them after each report
+            # (context._publish_tensorboard); AUTO would write every metric a
+            # second time, even with logging off (upstream passes MANUAL too).
+            tensorboard_mode=core.TensorboardMode.MANUAL,
             info=info,
         )
         core_context.tensorboard_path = tensorboard_path  # type: ignore[attr-defined]
@@ -161,6 +166,7 @@ def _init(
                 yield context
             finally:
                 context._maybe_reset_tbd_writer()
+                context._publish_tensorboard(final=True)
     except BaseException:
         if started_pg:  # no barrier: a peer that failed would never arrive
             end_process_group(barrier=False, models=context.models if context is not None else ())

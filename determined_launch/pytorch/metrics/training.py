@@ -80,6 +80,7 @@ class TrainingMetrics:
                 pytorch_module()._log_tb_metrics(
                     tb_writer(self._context), "train", batches_trained, avg, batch_metrics
                 )
+            self._context._publish_tensorboard()
             metrics = {"avg_metrics": avg, "batch_metrics": batch_metrics}
         if dist.size > 1:
             metrics = dist.broadcast(metrics)

@@ -88,6 +88,7 @@ class Validator:
                 pytorch_module()._log_tb_metrics(
                     tb_writer(self.context), "val", state.batches_trained, metrics
                 )
+            self.context._publish_tensorboard()
             should_checkpoint = self.policy.wants_checkpoint(
                 metrics, checkpoint_is_current=state.last_ckpt == state.batches_trained
             )
