@@ -91,7 +91,8 @@ def test_the_chief_announces_each_run_waits_for_it_and_names_a_lost_node(tmp_pat
     deadline = time.monotonic() + 10
     while chief.check() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    with pytest.raises(gang.GangError, match="worker on node 1 of this trial group was lost"):
+    with pytest.raises(gang.GangError, match=r"worker on node 1 of this trial group was lost "
+                       r"\(its connection closed: the experiment worker was killed or crashed\)"):
         chief.before_start(proc)
     chief.finish(1)
 

@@ -41,6 +41,8 @@ SETTLE = 15.0
 GIVE_UP = 30.0
 #: the group's channel: the port after the trial launchers' three
 PORT_OFFSET = 3
+#: what the control channel's messages call each end here
+PEER = "experiment worker"
 
 
 class GangError(LaunchError):
@@ -126,7 +128,7 @@ class GangChief:
         self.lost: Optional[str] = None
         try:
             self.link = ChiefLink(gang.info.chief_ip, port, gang.nodes,
-                                  derive(secret, f"group {gang.group}"))
+                                  derive(secret, f"group {gang.group}"), peer=PEER)
         except ControlError as e:
             raise GangError(str(e)) from None
         want = set(range(1, gang.nodes))
@@ -155,7 +157,7 @@ class GangChief:
                 self.running.discard(int(m["node"]))
             elif m.get("type") == Kind.LOST and self.lost is None:
                 self.lost = (f"the experiment's worker on node {m['node']} of this trial "
-                             f"group {m['why']}".replace("the launcher", "the worker"))
+                             f"group {m['why']}")
         return self.lost
 
     def settle(self) -> None:
@@ -228,12 +230,11 @@ def serve_node(s: NodeSetup) -> int:
     try:
         link = NodeLink(s.gang.info.chief_ip, s.port, s.gang.rank,
                         derive(s.secret, f"group {s.gang.group}"), s.connect_timeout,
-                        num_nodes=s.gang.nodes)
+                        num_nodes=s.gang.nodes, peer=PEER)
     except KeyboardInterrupt:
         raise Interrupted("interrupted while waiting for the trial chief's worker") from None
     except ControlError as e:
-        raise GangError(f"node {s.gang.rank} of trial group {s.gang.group}: {e}".replace(
-            "launcher", "experiment worker")) from None
+        raise GangError(f"node {s.gang.rank} of trial group {s.gang.group}: {e}") from None
     s.say(f"node {s.gang.rank} of trial group {s.gang.group}: joined its chief at "
           f"{s.gang.info.chief_ip}")
     proc: Optional[TrialProcess] = None

@@ -37,8 +37,11 @@ HEARTBEAT_INTERVAL = 1.0
 #: A peer silent for this long is declared lost (its host died or hung).
 HEARTBEAT_TIMEOUT = 10.0
 
-# How a lost launcher is described in the job's summary.
-_CLOSED = "was lost (its connection closed: the launcher was killed or crashed)"
+def _closed(peer: str) -> str:
+    """How a lost peer (a launcher; an experiment's worker) is described in the summary."""
+    return f"was lost (its connection closed: the {peer} was killed or crashed)"
+
+
 _SILENT = f"was lost (no heartbeat for {HEARTBEAT_TIMEOUT:g}s)"
 
 
@@ -57,8 +60,11 @@ class ControlLink:
     chief does.
     """
 
-    def __init__(self, node_rank: int, secret: str, job: str) -> None:
+    def __init__(self, node_rank: int, secret: str, job: str, peer: str) -> None:
         self.node_rank = node_rank
+        #: what runs at each end, for messages: "launcher" (det-launch experiment
+        #: uses the channel between its workers: "experiment worker")
+        self.peer = peer
         self.key = derive_key(secret)
         self.job = job
         self.inbox: collections.deque[Message] = collections.deque()
@@ -83,12 +89,13 @@ class ControlLink:
 class ChiefLink(ControlLink):
     """The chief's side: accepts one connection per non-chief node."""
 
-    def __init__(self, bind_host: str, port: int, num_nodes: int, secret: str) -> None:
-        super().__init__(0, secret, job_identity(port, num_nodes))
+    def __init__(self, bind_host: str, port: int, num_nodes: int, secret: str, *,
+                 peer: str = "launcher") -> None:
+        super().__init__(0, secret, job_identity(port, num_nodes), peer)
         self.num_nodes = num_nodes
         self.streams: dict[int, AuthenticatedStream] = {}
         self._lock = threading.Lock()
-        self.listener = _listen(bind_host, port)
+        self.listener = _listen(bind_host, port, peer)
         self._spawn(self._accept_loop)
         self._spawn(self._heartbeat_loop)
 
@@ -162,13 +169,13 @@ class ChiefLink(ControlLink):
             msgs = stream.recv_lines()
             if msgs is None:
                 stream.close()
-                return _CLOSED
+                return _closed(self.peer)
             if msgs:
                 last_heard = time.monotonic()
             for msg in msgs:
                 if msg.get("type") == Kind.BYE:
                     stream.close()
-                    return _CLOSED
+                    return _closed(self.peer)
                 if msg.get("type") != Kind.HEARTBEAT:
                     msg["node"] = node  # trust the authenticated connection, not the body
                     self.inbox.append(msg)
@@ -177,7 +184,7 @@ class ChiefLink(ControlLink):
                 stream.close()
                 return _SILENT
         stream.close()
-        return _CLOSED
+        return _closed(self.peer)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL):
@@ -224,9 +231,9 @@ class NodeLink(ControlLink):
 
     def __init__(
         self, chief_host: str, port: int, node_rank: int, secret: str, connect_timeout: float,
-        *, num_nodes: int,
+        *, num_nodes: int, peer: str = "launcher",
     ) -> None:
-        super().__init__(node_rank, secret, job_identity(port, num_nodes))
+        super().__init__(node_rank, secret, job_identity(port, num_nodes), peer)
         self.stream, early = _connect(chief_host, port, self, connect_timeout)
         self.inbox.extend(m for m in early if m.get("type") != Kind.HEARTBEAT)
         self._spawn(self._pump)
@@ -236,10 +243,10 @@ class NodeLink(ControlLink):
         try:
             self.stream.sock.settimeout(0.5)
         except OSError:  # closed under us
-            self.inbox.append(message(Kind.LOST, node=0, why=_CLOSED))
+            self.inbox.append(message(Kind.LOST, node=0, why=_closed(self.peer)))
             return
         last_heard = time.monotonic()
-        why = _CLOSED
+        why = _closed(self.peer)
         while not self._stop.is_set():
             msgs = self.stream.recv_lines()
             if msgs is None:
@@ -295,7 +302,7 @@ def _read_first(stream: AuthenticatedStream, timeout: float = HEARTBEAT_TIMEOUT
     return None
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, peer: str) -> socket.socket:
     """Bind the chief's address if it is local, else every interface.
 
     Container addresses are often the host's (NAT), which cannot be bound
@@ -315,7 +322,7 @@ def _listen(host: str, port: int) -> socket.socket:
             if e.errno == 98:  # EADDRINUSE: binding elsewhere won't help
                 break
     raise ControlError(
-        f"cannot listen on {host}:{port} for the launcher control channel: {last_error}; "
+        f"cannot listen on {host}:{port} for the {peer}s' control channel: {last_error}; "
         "the launcher uses C10D_PORT, C10D_PORT+1 and C10D_PORT+2 - set C10D_PORT to move them"
     )
 
@@ -353,9 +360,9 @@ def _connect(host: str, port: int, link: NodeLink, timeout: float
             last_error = e
         sock.close()
         time.sleep(0.2)
-    hint = "" if isinstance(last_error, _Unproven) else "; is the launcher running on node 0?"
+    hint = "" if isinstance(last_error, _Unproven) else f"; is the {link.peer} running on node 0?"
     raise ControlError(
-        f"could not reach the chief's launcher at {host}:{port} within {timeout:.0f}s "
+        f"could not reach the chief's {link.peer} at {host}:{port} within {timeout:.0f}s "
         f"({last_error}){hint}"
     )
 
