@@ -3,6 +3,7 @@ pick free ports, and prove that no process outlives its launcher."""
 
 from __future__ import annotations
 
+import compileall
 import glob
 import json
 import os
@@ -29,6 +30,15 @@ MARKER = "DET_LAUNCH_TEST_MARKER"
 #: TMPDIR of every launcher a test starts: a failed job keeps its launcher
 #: tools' log beside its job directory, and tests must not litter /tmp.
 LAUNCH_TMP = tempfile.mkdtemp(prefix="det-launch-tests-")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the package once: where the machine sets PYTHONDONTWRITEBYTECODE (containers
+    often do), every launcher and worker a test starts would otherwise compile it from source
+    again (~0.3 s of CPU each; Python still reads bytecode that exists). Up-to-date files are
+    skipped; ``__pycache__`` is ignored by git, as after any ordinary import."""
+    for package in ("determined_launch", "wrap_rank"):
+        compileall.compile_dir(str(REPO / package), quiet=2)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
