@@ -130,14 +130,15 @@ class Claims:
             pass
 
     def live(self, me: int) -> bool:
-        """A job runs here now without this node: another launcher running a
-        later generation than the first (a new job's launchers say 0) touched
-        its alive file lately, the job has not ended, and its newest claim
-        leaves this node out."""
+        """A job runs here now: another launcher running a later generation
+        than the first (a new job's launchers say 0) touched its alive file
+        lately, and the job has not ended. A launcher that just started is in
+        no running generation, even one whose claim still names it (the others
+        have not noticed its loss yet): it rejoins."""
         if (self.dir / "end.json").exists():
             return False
         newest = self.newest()
-        if newest is None or me in newest.members:
+        if newest is None:
             return False
         # The file system's clock, not ours: the nodes' clocks may differ.
         self.touch(me)

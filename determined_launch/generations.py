@@ -209,13 +209,13 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
     if claims is not None and judge is not None:
         if claims.live(me):
             gen = _rejoin(info, judge, claims, join_timeout)
+            running[0] = gen.number if gen else 0
         elif info.is_chief:
             claims.start(everyone)
         threading.Thread(target=_keep_alive, args=(claims, me, running, alive),
                          daemon=True).start()
     try:
         while gen is not None:
-            running[0] = gen.number
             if claims is not None and gen.info.is_chief:
                 gen = dataclasses.replace(gen, joining=claims.joiners)
             status, decision, deferred = one(gen)
@@ -224,6 +224,9 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                     claims.end()
                 return status, gen.info
             members = decision.members or gen.members
+            running[0] = decision.generation  # said before the claim: a returning node reads
+            if claims is not None:            # both and must see the job running
+                claims.touch(me, running[0])
             nxt = Generation(decision.generation,
                              membership_info(info, members, decision.resume.checkpoint),
                              members, judge, deferred)
@@ -258,8 +261,9 @@ def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
     newest = claims.newest()
     seen = -1 if newest is None else newest.generation
     claims.ask_to_join(me)
-    _say(f"the job runs on {nodes(newest.members if newest else ())} without node {me}: "
-         f"asking to rejoin at its next checkpoint")
+    where = f" (generation {seen}, {nodes(newest.members)})" if newest else ""
+    _say(f"the job runs here{where} without this launcher of node {me}: asking to rejoin at "
+         f"its next checkpoint")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not claims.ended():
         claim = claims.newest()
