@@ -16,6 +16,9 @@ from tests.test_launch_e2e import two_node_launches
 pytestmark = pytest.mark.slow
 STUBBORN = (sys.executable, str(WORKERS / "stubborn.py"))
 KILL_AFTER = 3.0
+#: The two-node tests check that a stop reaches both nodes, not how long kill_after is
+#: (the single-node ones above check that): a shorter one, ~2 s less per test.
+TWO_NODE_KILL_AFTER = 1.0
 #: Slack over kill_after for a loaded 2-core machine; not a performance target
 #: (that is benchmarks/bench_stop.py).
 SLACK = 5.0
@@ -79,7 +82,7 @@ def test_signal_to_either_launcher_of_two_nodes_stops_both(
 ) -> None:
     ready = tmp_path / "ready"
     ready.mkdir()
-    extra = {"READY_DIR": str(ready), "DET_KILL_AFTER": str(KILL_AFTER)}
+    extra = {"READY_DIR": str(ready), "DET_KILL_AFTER": str(TWO_NODE_KILL_AFTER)}
     if ignore:
         extra["IGNORE_TERM"] = "1"
     chief, node1 = two_node_launches(tmp_path, worker=STUBBORN, **extra)
@@ -95,7 +98,7 @@ def test_signal_to_either_launcher_of_two_nodes_stops_both(
         assert f"det-launch: job stopped: the launcher on node {target} (127.0.0.1)" in summary
         assert name in summary, summary
         assert launch.leftovers(settle=0.0) == []
-    assert time.monotonic() - sent < KILL_AFTER + SLACK
+    assert time.monotonic() - sent < TWO_NODE_KILL_AFTER + SLACK
 
 
 # 30 torchrun start-ups: about 3 s each on an idle 2-core machine, twice that
