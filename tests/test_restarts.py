@@ -145,12 +145,14 @@ def test_experiments_keep_their_configs_max_restarts() -> None:
     from determined_launch.experiment import cli as ecli
     from determined_launch.experiment import command
 
-    ns = ecli.parser().parse_args(["exp.yaml", "--max-restarts", "2"])
-    with pytest.raises(LaunchError, match="^--max-restarts restarts one job; det-launch "
-                                          "experiment restarts each trial by its config's"):
-        command.refuse_trial_identity(ns)
-    assert "--max-restarts" not in command.trial_flags(ns)
-    assert "DET_LAUNCH_MAX_RESTARTS" in command.trial_identity_env()  # kept from the trials
+    for flag, var in (("--max-restarts", "DET_LAUNCH_MAX_RESTARTS"),
+                      ("--min-nodes", "DET_LAUNCH_MIN_NODES")):
+        ns = ecli.parser().parse_args(["exp.yaml", flag, "2"])
+        with pytest.raises(LaunchError, match=f"^{flag} restarts one job; det-launch "
+                                              "experiment restarts each trial by its config's"):
+            command.refuse_trial_identity(ns)
+        assert flag not in command.trial_flags(ns)
+        assert var in command.trial_identity_env()  # kept from the trials
 
 
 # ------------------------------------------- the decision crosses real control links

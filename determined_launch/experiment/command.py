@@ -18,8 +18,9 @@ BACKENDS = ("torch", "horovod", "deepspeed", "exec")
 #: every trial's, so they are refused here and kept from the trials.
 TRIAL_IDENTITY = ("hparams", "config", "fresh")
 #: The driver restarts trials by the config's ``max_restarts``; a trial's launcher
-#: restarting on its own as well would multiply the two.
-DRIVER_OWNED = ("max_restarts",)
+#: restarting on its own as well would multiply the two (``--min-nodes`` is a kind
+#: of restart, and needs ``--max-restarts``: a trial launcher given it fails).
+DRIVER_OWNED = ("max_restarts", "min_nodes")
 #: Determined's launch modules in an entrypoint -> our subcommand
 ENTRYPOINT_MODULES = {
     "determined.launch.torch_distributed": "torch",
@@ -55,7 +56,8 @@ def refuse_trial_identity(ns: argparse.Namespace) -> None:
                               "trial's hparams and checkpoint itself")
         if o.name in DRIVER_OWNED and getattr(ns, o.name, None) is not None:
             raise LaunchError(f"{o.flag} restarts one job; det-launch experiment restarts each "
-                              "trial by its config's max_restarts")
+                              "trial by its config's max_restarts (a multi-node trial on all "
+                              "of its nodes)")
 
 
 def trial_identity_env() -> tuple[str, ...]:
