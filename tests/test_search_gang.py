@@ -97,6 +97,40 @@ def test_the_chief_announces_each_run_waits_for_it_and_names_a_lost_node(tmp_pat
     chief.finish(1)
 
 
+def test_a_node_signalled_between_trials_leaves_at_once(tmp_path: Path) -> None:
+    """A TERM to a node's worker while it runs no trial has nothing to preempt:
+    it leaves with one line (it used to wait for the search's end), and the
+    chief sees the worker lost."""
+    import os
+    import signal
+
+    loopback = ClusterInfo(("127.0.0.1",) * 2, 0, (1, 1), (0,), "test")
+    chief_gang = trial_gang(2, loopback, "c.yaml")
+    node_gang = trial_gang(2, ClusterInfo(("127.0.0.1",) * 2, 1, (1, 1), (0,), "test"), "c.yaml")
+    assert chief_gang is not None and node_gang is not None
+    port, secret, chiefs = free_port_block(1), "t" * 32, []
+    opener = threading.Thread(target=lambda: chiefs.append(
+        gang.GangChief(chief_gang, secret, port, 10, lambda _: None)))
+    opener.start()
+    setup = gang.NodeSetup(node_gang, secret, port, 10, tmp_path, [], {}, str(tmp_path), "loss",
+                           lambda _: None)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        with pytest.raises(gang.Interrupted,
+                           match="^node 1 of trial group 0: stopped by SIGTERM between trials$"):
+            gang.serve_node(setup)  # in the main thread: the signal reaches its handler
+    finally:
+        timer.cancel()
+        opener.join()
+    [chief] = chiefs
+    deadline = time.monotonic() + 10
+    while chief.check() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert chief.lost is not None and "worker on node 1" in chief.lost
+    chief.finish(1)
+
+
 def _next(link: NodeLink, timeout: float = 10) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while not link.inbox:

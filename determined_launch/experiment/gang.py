@@ -239,14 +239,20 @@ def serve_node(s: NodeSetup) -> int:
           f"{s.gang.info.chief_ip}")
     proc: Optional[TrialProcess] = None
     run = 0
+    idle_signal: list[int] = []
 
     def on_signal(signum: int, _frame: Optional[FrameType]) -> None:
         if proc is not None and proc.proc is not None:  # its launcher preempts the whole trial
             proc.proc.send_signal(signal.SIGTERM)
+        else:  # nothing to preempt: leave (the chief stops the group, the trial is resumable)
+            idle_signal.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
+            if idle_signal and proc is None:
+                raise Interrupted(f"node {s.gang.rank} of trial group {s.gang.group}: stopped by "
+                                  f"{signal.Signals(idle_signal[0]).name} between trials")
             while link.inbox:
                 m = link.inbox.popleft()
                 kind = m.get("type")
