@@ -110,6 +110,25 @@ def test_second_sigint_kills_at_once() -> None:
     assert out == [v.SignalAll(KILL)]
 
 
+def test_a_repeated_parent_death_term_is_one_preemption_request() -> None:
+    """Linux re-sends the parent-death TERM as each thread of a dying
+    multi-threaded parent exits: two TERMs within DUPLICATE_SIGNAL are one
+    request (the trial keeps its grace to checkpoint); a later one is a
+    second and stops at once, as before."""
+    verdict = make()
+    c = Clock(verdict).at(1.0)
+    c.send(v.PreemptListening())
+    c.send(v.SignalReceived(TERM))
+    assert verdict.phase == v.Phase.PREEMPTING
+    assert c.at(1.0 + v.DUPLICATE_SIGNAL / 2).send(v.SignalReceived(TERM)) == []
+    assert verdict.phase == v.Phase.PREEMPTING and verdict.result is None
+    c.at(2.0).send(v.SignalReceived(TERM))
+    assert verdict.phase == v.Phase.STOPPING
+    c.send(v.ProcessExited(0, 143, 1002.1))
+    assert verdict.result == 128 + TERM
+    assert "received a second SIGTERM during preemption" in verdict.summary()
+
+
 def test_kill_follows_term_after_kill_after_and_repeats() -> None:
     verdict = make(kill_after=2.0)
     c = Clock(verdict).at(1.0)

@@ -66,6 +66,11 @@ FAILURE_WINDOW = 0.5
 DRAIN_WAIT = 3.0
 #: Between repeated KILLs of processes that are still not gone.
 KILL_REPEAT = 1.0
+#: The same stop or preemption signal again within this is one request, not a
+#: second: Linux re-sends the parent-death signal as each thread of a
+#: multi-threaded parent exits (a SIGKILLed det-launch experiment worker gave
+#: its trial's launcher two TERMs, and the second cut the trial's checkpoint).
+DUPLICATE_SIGNAL = 0.25
 
 
 class Verdict:
@@ -103,6 +108,7 @@ class Verdict:
         #: single node: the result is the cause's status and may still be
         #: revised by a late report of an earlier genuine failure
         self.result_from_cause = False
+        self.last_signal: Optional[tuple[int, float]] = None  # (signal, when) of the last one
 
     # -------------------------------------------------------------- queries
     @property
@@ -251,6 +257,10 @@ class Verdict:
         return all(self.worker_status.get(i) == 0 for i in workers)
 
     def _signal(self, sig: int, now: float, wall: float, out: list[Action]) -> None:
+        if sig in (signal.SIGINT, signal.SIGTERM, *self.s.preempt_signals):
+            last, self.last_signal = self.last_signal, (sig, now)
+            if last is not None and last[0] == sig and now - last[1] < DUPLICATE_SIGNAL:
+                return
         stopping = self.phase in (Phase.STOPPING, Phase.DONE) or (
             self.phase == Phase.DRAINING
             and (self.result is not None or self.drain_until is not None)
