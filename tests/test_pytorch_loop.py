@@ -307,6 +307,22 @@ def test_tensorboard_scalars_written_once_and_off_means_off(tmp_path: Path, enab
     assert memory.cat_file(remote) == local.read_bytes()  # the final sync has the last report
 
 
+@pytest.mark.parametrize("smaller", ["true", "false"])
+def test_best_policy_ranks_by_the_metric_det_launch_hands_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smaller: str) -> None:
+    """Under det-launch experiment or --config the searcher metric arrives as
+    DET_SEARCHER_METRIC / DET_SMALLER_IS_BETTER, not as init(exp_conf=...):
+    checkpoint_policy="best" ranks by it (it used to checkpoint every
+    validation). The weight grows from 0 towards 1: smaller-is-better keeps
+    only the first validation's checkpoint, larger-is-better every one."""
+    monkeypatch.setenv("DET_SEARCHER_METRIC", "weight")
+    monkeypatch.setenv("DET_SMALLER_IS_BETTER", smaller)
+    run_trial(tmp_path, max_length=Batch(4), validation_period=Batch(1),
+              checkpoint_policy="best")
+    saved = sorted(checkpoints(tmp_path))
+    assert saved == ([1, 4] if smaller == "true" else [1, 2, 3, 4])  # 4: the end of training
+
+
 def test_schedules_and_epoch_periods(tmp_path: Path) -> None:
     """Container periods are explicit schedules; Epoch periods land on epoch ends."""
     run_trial(tmp_path, run="list", max_length=Batch(10), validation_period=Batch([3, 7]),

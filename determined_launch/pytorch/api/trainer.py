@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from determined_launch import core
+from determined_launch import core, envvars
 from determined_launch._user import show_info_logs
 from determined_launch.core._context import resolve_info
 from determined_launch.core.distributed import DistributedContext
@@ -225,9 +225,16 @@ class Trainer:
                      "use context.set_profiler() for torch profiler traces")
 
     def _searcher(self) -> tuple[Optional[str], bool]:
-        conf = self._context._exp_conf or {}
-        searcher = conf.get("searcher") or {}
-        return searcher.get("metric"), bool(searcher.get("smaller_is_better", True))
+        """The searcher metric and its direction: the ``exp_conf`` given to
+        init(), else what det-launch hands a trial or a ``--config`` run
+        (DET_SEARCHER_METRIC, DET_SMALLER_IS_BETTER), as Determined's Trainer
+        reads its experiment's config (checkpoint_policy="best" ranks by it)."""
+        searcher = (self._context._exp_conf or {}).get("searcher") or {}
+        metric = searcher.get("metric") or os.environ.get(envvars.SEARCHER_METRIC) or None
+        if "smaller_is_better" in searcher:
+            return metric, bool(searcher["smaller_is_better"])
+        smaller = os.environ.get(envvars.SMALLER_IS_BETTER, "true").strip().lower()
+        return metric, smaller not in ("0", "false", "no")  # as retention reads it
 
     def _resolve_checkpoint(self, latest: Optional[str]) -> Optional[str]:
         """FIX-10: a storage id, a checkpoint directory, or ``"latest"``."""
