@@ -13,9 +13,10 @@ same command a moment later (a requeued step), so it rejoins. After
 uninterrupted run's weight (within 1e-9), or, with fewer than K nodes left,
 with a clean failure line naming the lost nodes; no process may be left.
 
-Not part of the test suite: minutes at the default pace; at a fast pace
-(``Pace(kill_gap=(0.2, 1.0), back_after=(0.2, 0.8), steps=80, step_sleep=0.05)``,
-20-50 s a run) 1 run in ~14 ended with no node finishing (docs/elastic.md).
+Not part of the test suite: minutes at the default pace; at the ``--fast``
+pace (20-70 s a run) 2 of ~26 runs ended with no node finishing and 1 with a
+WRONG final weight (docs/elastic.md, "Known defects"); ``CHAOS_KEEP=DIR``
+keeps a bad run's logs.
 Run it by hand after changing the launcher's generations, claims or handoff.
 """
 
@@ -159,13 +160,17 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--min-nodes", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fast", action="store_true",
+                   help="kills 0.2-1 s apart, nodes back after 0.2-0.8 s, 80 steps of 0.05 s")
     args = p.parse_args()
+    pace = Pace(kill_gap=(0.2, 1.0), back_after=(0.2, 0.8), steps=80, step_sleep=0.05) \
+        if args.fast else Pace()
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="chaos-node-loss-", dir=os.environ.get("CHAOS_KEEP"))
     bad = 0
     try:
         for i in range(args.runs):
-            verdict = one_run(args.kills, args.min_nodes, rng, work)
+            verdict = one_run(args.kills, args.min_nodes, rng, work, pace)
             bad += not verdict.startswith(("exact", "clean"))
             print(f"run {i}: {verdict}", flush=True)
     finally:
