@@ -234,7 +234,7 @@ def test_a_metric_never_reported_fails_after_the_first_validation(tmp_path: Path
     r = experiment(cfg, *EXEC)
     line = one_line_error(r)
     assert "trial 3" in line and "searcher.metric 'loss' is not among the reported " \
-        "validation metrics (acc, batches)" in line, line
+        "validation metrics (acc, batches, world_size)" in line, line
     dirs = trial_dirs(tmp_path / "exp")
     assert batches(dirs[1]) == 60 and batches(dirs[3]) < 30  # stopped, no silent hang
     assert batches(dirs[2]) < 60 and "trial 2: preempted; resumable" in r.stdout
