@@ -152,7 +152,10 @@ def test_a_tracker_that_never_answers_costs_the_flush_bound_then_one_line(
         assert 0.9 < time.monotonic() - started < 3
     finally:
         hole.close()
-    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # Ours only: the abandoned delivery thread may still log urllib3's retry warning
+    # when the hole closes (CI saw "Retrying ... Connection reset by peer").
+    lines = [r.getMessage() for r in caplog.records
+             if r.levelno >= logging.WARNING and r.name.startswith("determined_launch")]
     assert lines == ["mlflow: gave up delivering after the flush deadline; 20000 reports not "
                      "delivered (the run's status may show it as still running)"]
 
