@@ -341,6 +341,30 @@ def test_a_search_gives_one_run_per_trial_with_its_params(
         assert len(list((trial_dir / "tensorboard").glob("*.hparams"))) == 1  # HParams tab
 
 
+def test_a_trial_killed_outright_ends_its_mlflow_run_as_failed(
+        tmp_path: Path, mlflow_uri: str) -> None:
+    """SIGKILL (the OOM killer) leaves nothing in the trial to end its run: the
+    driver, giving the trial up, ends it instead of leaving it RUNNING forever."""
+    pytest.importorskip("optuna")
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(json.dumps({
+        "name": "killed", "max_restarts": 0,
+        "hyperparameters": {"x": 0.7, "period": 1, "kill_self_at": 2},
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 4}}}))
+    env = base_env(MLFLOW_TRACKING_URI=mlflow_uri)
+    r = subprocess.run(
+        [sys.executable, "-m", "determined_launch.cli", "experiment", str(cfg),
+         "--experiment-dir", str(tmp_path / "exp"), "--report-to", "mlflow",
+         "exec", "--", sys.executable, str(REPO / "tests" / "search" / "trial_script.py")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "trial 1: failed with exit status" in out, out
+    client = mlflow_tracking.MlflowClient(mlflow_uri)
+    [run] = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert (run.info.status, run.data.tags["det.state"]) == ("FAILED", "errored"), out
+    assert f"trial 1: mlflow: run {run.info.run_id} ended as errored" in out
+
+
 def test_reports_keep_flowing_while_the_tracker_thread_is_busy(tmp_path: Path) -> None:
     # The training thread's cost does not depend on the tracker: a sink whose
     # backend blocks still takes reports (queued, then counted once full).

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any, Callable, Optional
 
 from determined_launch.cluster.info import ClusterInfo
+from determined_launch.core.trackers import end_abandoned
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
@@ -321,6 +322,9 @@ class Driver:
             " (the same failure after a restart)" if again else ""))
         self.study.tell(trial, state=states.FAIL)
         self.failures += 1
+        ended_run = end_abandoned(proc.run_dir)  # a killed trial's MLflow run says RUNNING
+        if ended_run:
+            self.s.on_event(f"trial {tid}: {ended_run}")
 
     def _heartbeat(self) -> None:
         now = time.monotonic()

@@ -34,8 +34,8 @@ from determined_launch.errors import LaunchError
 
 logger = logging.getLogger("determined_launch.core")
 
-__all__ = ["STATES", "RunIdentity", "Trackers", "check_trackers", "final_state", "flatten",
-           "from_env", "identity", "open_trackers"]
+__all__ = ["STATES", "RunIdentity", "Trackers", "check_trackers", "end_abandoned",
+           "final_state", "flatten", "from_env", "identity", "open_trackers"]
 
 #: The run directory's record of this run's tracker runs.
 STATE_FILE = "trackers.json"
@@ -264,3 +264,41 @@ def open_trackers(names: Sequence[str], who: RunIdentity, *, resuming: bool,
         resume_id, seen = state.entry(name)
         sinks.append(Sink(_backend(name, who), resume_id, seen, state))
     return Trackers(sinks, flush_seconds)
+
+
+#: Seconds ``end_abandoned`` waits for MLflow before saying it could not.
+ABANDONED_SECONDS = 20.0
+
+
+def end_abandoned(run_dir: pathlib.Path, state: str = "errored",
+                  timeout: float = ABANDONED_SECONDS) -> Optional[str]:
+    """End the MLflow run of a trial whose process was killed outright
+    (SIGKILL, out of memory) and will not resume: nothing in that process could
+    end it, so it would show ``RUNNING`` forever. The experiment's driver calls
+    this when it gives a trial up. A run that is not ``RUNNING`` any more (the
+    process ended it) is left alone. Returns one line to show, or ``None``.
+
+    W&B is left alone: its offline and online runs end with the process that
+    owns them (W&B marks a run whose process vanished as crashed itself)."""
+    run_id, _ = _State(run_dir / STATE_FILE, resuming=True).entry("mlflow")
+    if run_id is None or _missing(["mlflow"]):
+        return None
+    from determined_launch.core.trackers._mlflow import end_if_running
+
+    outcome: list[str] = []
+
+    def work() -> None:
+        try:
+            outcome.append(f"mlflow: run {run_id} ended as {state}"
+                           if end_if_running(run_id, state) else "")
+        except Exception as e:  # a tracker never decides the experiment's outcome
+            outcome.append(f"mlflow: could not end run {run_id}: {str(e).splitlines()[0]}")
+
+    # MLflow's client retries for minutes against a dead server: bounded here.
+    thread = threading.Thread(target=work, name="det-trackers-end", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return f"mlflow: could not end run {run_id} within {timeout:.0f} s; it may still " \
+               "show RUNNING"
+    return outcome[0] or None

@@ -110,3 +110,15 @@ class MlflowBackend:
     def finish(self, state: str) -> None:
         self._client.set_tag(self._run_id, "det.state", state)
         self._client.set_terminated(self._run_id, status=STATUS.get(state, "FINISHED"))
+
+
+def end_if_running(run_id: str, state: str) -> bool:
+    """End ``run_id`` as ``state`` if it still shows ``RUNNING``; says whether it did."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    if client.get_run(run_id).info.status != "RUNNING":
+        return False
+    client.set_tag(run_id, "det.state", state)
+    client.set_terminated(run_id, status=STATUS.get(state, "FAILED"))
+    return True
