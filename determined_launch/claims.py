@@ -16,12 +16,18 @@ file system, as its checkpoints need); a node-local run directory leaves
 the deterministic rule alone (docs/architecture.md).
 
 The same directory lets a node that comes back **rejoin**: every launcher
-of a running job touches ``alive-<rank>`` every few seconds; a launcher that
-starts while another's is fresh, and is not in the newest claim, asks to
-join (``join-<rank>``) instead of starting a job; the chief preempts its
-generation (the workers checkpoint), and the next generation, claimed with
-the newcomer, tells it where to start (members, checkpoint, restarts used).
-The final chief writes ``end.json``.
+of a job touches ``alive-<rank>`` every second (saying the generation it
+runs, or ``join`` while it waits to rejoin). A launcher that starts where
+the job has not ended (no ``end.json``), and finds its own alive file (it
+was here before: a relaunch) or a generation after the first, while another
+launcher's is fresh, asks to join (``join-<rank>``) instead of starting a
+job (``arrival``); the chief preempts its generation (the workers
+checkpoint), and the next generation, claimed with the newcomer, tells it
+where to start (members, checkpoint, restarts used). Whoever ends the job
+(its final chief, or the lowest survivor of a lost chief) writes
+``end.json``; only then, or with nobody alive, may a chief start a new job
+here, which removes the old claims: generation numbers never restart under
+a running job.
 """
 
 from __future__ import annotations
@@ -38,8 +44,12 @@ from typing import Any, Optional
 #: under the run directory
 CLAIMS_DIR = "generations"
 #: how often a running launcher touches its alive file, and when it is stale
-ALIVE_EVERY = 2.0
-ALIVE_STALE = 20.0
+ALIVE_EVERY = 1.0
+ALIVE_STALE = 10.0
+#: what a launcher says in its alive file while it waits to rejoin, and while it
+#: waits for a new job's first claim: it runs no generation of the job here
+JOINING, STARTING = "join", "new"
+NEW, REJOIN = "new", "rejoin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +62,66 @@ class Claim:
     restarts: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Survey:
+    """What a starting launcher finds in the run directory."""
+
+    ended: bool = False
+    #: the newest claimed generation (``None``: none)
+    newest: Optional[int] = None
+    #: this node's alive file is there: a launcher of this node ran in this job
+    was_here: bool = False
+    #: another launcher runs a generation here (its alive file is fresh and names one)
+    others_running: bool = False
+    #: another launcher waits to rejoin (its alive file is fresh and says so)
+    others_waiting: bool = False
+
+
+def arrival(s: Survey) -> str:
+    """A starting launcher: start (or take part in) a new job, or rejoin the
+    running one (pure). A job runs here while it has claims, no end marker
+    and another launcher running a generation. A launcher that was here
+    before is a relaunch whatever generation runs (even the first: the others
+    may not have noticed its loss yet); one that was not is a late member of
+    a new job while generation 0 is the newest, else a node coming back. A
+    job whose every running launcher died while others wait to rejoin it is
+    not over either: a relaunch waits with them (``Claims.adopt``)."""
+    if s.ended or s.newest is None:
+        return NEW
+    if s.others_running:
+        return REJOIN if s.was_here or s.newest > 0 else NEW
+    return REJOIN if s.was_here and s.others_waiting else NEW
+
+
+def lineage(generation: int, members: tuple[int, ...], previous: tuple[int, ...],
+            before: Optional[tuple[int, ...]], taken: Optional[tuple[int, ...]]) -> Optional[str]:
+    """May a group that ran ``previous`` (claimed as ``before``) claim
+    ``generation`` for ``members`` (already claimed by ``taken``)? ``None``:
+    yes, else why not (pure). Generation ``g-1`` must be this group's own:
+    a missing one means a new job removed the claims."""
+    if generation > 0 and before != previous:
+        ran = ("is not in the run directory (a new job started there)" if before is None
+               else f"ran on {_nodes(before)}, not on this group's {_nodes(previous)}: another "
+                    f"group of nodes continued the job")
+        return f"generation {generation - 1} of this job {ran}"
+    if taken is None or taken == members:
+        return None
+    return f"generation {generation} of this job was already started by {_nodes(taken)}"
+
+
+def superseded(generation: int, members: tuple[int, ...], own: Optional[tuple[int, ...]],
+               newest: Optional[Claim]) -> Optional[str]:
+    """A running generation whose claims say it is over (pure): a later
+    generation was claimed, or (after the first) its own claim is gone or
+    names other nodes. ``None``: it may go on."""
+    if generation > 0 and own != members:
+        return f"the claim of its generation {generation} is gone from the run directory"
+    if own == members and newest is not None and newest.generation > generation:
+        return (f"generation {newest.generation} was claimed by {_nodes(newest.members)} "
+                f"while this node ran generation {generation}")
+    return None
+
+
 def _nodes(members: tuple[int, ...]) -> str:
     return f"node{'s' if len(members) > 1 else ''} {', '.join(map(str, members))}"
 
@@ -61,10 +131,12 @@ class Claims:
         self.dir = run_dir / CLAIMS_DIR
 
     def start(self, members: tuple[int, ...]) -> None:
-        """Generation 0's chief: a new job; an earlier job's claims go."""
+        """Generation 0's chief (``arrival`` said ``NEW``): a new job; an
+        earlier job's claims go."""
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._create(0, members)
+        self.touch(members[0], 0)
 
     def read(self, generation: int) -> Optional[tuple[int, ...]]:
         """The members that claimed ``generation`` (``None``: unclaimed or unreadable)."""
@@ -82,6 +154,14 @@ class Claims:
             return None
         return dataclasses.replace(claim, members=tuple(claim.members))
 
+    def stamp(self, generation: int) -> Optional[tuple[int, int]]:
+        """Which file claims ``generation`` (its inode and time), to notice a new one."""
+        try:
+            st = (self.dir / f"{generation}.json").stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
     def newest(self) -> Optional[Claim]:
         try:
             numbers = [int(p.stem) for p in self.dir.glob("*.json") if p.stem.isdigit()]
@@ -92,18 +172,20 @@ class Claims:
     def claim(self, generation: int, members: tuple[int, ...],
               previous: tuple[int, ...], **resume: Any) -> Optional[str]:
         """Claim ``generation`` for ``members``, who ran ``previous`` before:
-        ``None`` when this group may start it, else why not (one line)."""
-        before = self.read(generation - 1)
-        if before is not None and before != previous:
-            return (f"generation {generation - 1} of this job ran on {_nodes(before)}, not on "
-                    f"this group's {_nodes(previous)}: another group of nodes continued the job")
-        if self._create(generation, members, **resume):
-            return None
-        taken = self.read(generation)
-        if taken == members:
-            return None
-        who = _nodes(taken) if taken is not None else "another group of nodes"
-        return f"generation {generation} of this job was already started by {who}"
+        ``None`` when this group may start it, else why not (one line).
+        Every continuing member claims (the same claim again is fine), so no
+        member starts a generation that is not claimed for it."""
+        why = lineage(generation, members, previous, self.read(generation - 1), None)
+        if why is None and not self._create(generation, members, **resume):
+            why = lineage(generation, members, previous, self.read(generation - 1),
+                          self.read(generation) or ())
+        return why
+
+    def superseded(self, generation: int, members: tuple[int, ...]) -> Optional[str]:
+        """Why the running ``generation`` must stop (``superseded``), if it must."""
+        if self.ended():
+            return None  # a new job's launcher before its chief removed the old claims
+        return superseded(generation, members, self.read(generation), self.newest())
 
     def _create(self, generation: int, members: tuple[int, ...], **resume: Any) -> bool:
         """Exclusive, and whole: False if the generation is claimed already."""
@@ -122,40 +204,61 @@ class Claims:
             os.unlink(tmp)
 
     # ------------------------------------------------------------------ rejoin
-    def touch(self, me: int, generation: int = 0) -> None:
-        """This launcher runs ``generation`` (every ``ALIVE_EVERY`` seconds)."""
+    def touch(self, me: int, running: object = 0) -> None:
+        """This launcher runs generation ``running`` (or waits to rejoin:
+        ``JOINING``), every ``ALIVE_EVERY`` seconds."""
         try:
-            (self.dir / f"alive-{me}").write_text(str(generation))
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / f"alive-{me}").write_text(str(running))
         except OSError:
             pass
 
-    def live(self, me: int) -> bool:
-        """A job runs here now: another launcher running a later generation
-        than the first (a new job's launchers say 0) touched its alive file
-        lately, and the job has not ended. A launcher that just started is in
-        no running generation, even one whose claim still names it (the others
-        have not noticed its loss yet): it rejoins."""
-        if (self.dir / "end.json").exists():
-            return False
+    def survey(self, me: int) -> Survey:
+        """What a starting launcher of node ``me`` finds (``arrival`` decides)."""
         newest = self.newest()
-        if newest is None:
-            return False
-        # The file system's clock, not ours: the nodes' clocks may differ.
-        self.touch(me)
+        was_here = (self.dir / f"alive-{me}").exists()
+        self.touch(me, STARTING)
+        running, waiting = self.census(me)
+        return Survey(self.ended(), None if newest is None else newest.generation,
+                      was_here, bool(running), bool(waiting - {me}))
+
+    def census(self, me: int) -> tuple[set[int], set[int]]:
+        """(the other nodes running a generation here, the nodes waiting to
+        rejoin): those whose alive files are fresh, by the file system's
+        clock (``me``'s file, just touched: the nodes' clocks may differ)."""
         try:
             now = (self.dir / f"alive-{me}").stat().st_mtime
         except OSError:
             now = time.time()
+        running: set[int] = set()
+        waiting: set[int] = set()
         for path in self.dir.glob("alive-*"):
+            node = path.name[len("alive-"):]
             try:
                 fresh = now - path.stat().st_mtime < ALIVE_STALE
-                running = int(path.read_text() or 0)
-            except (OSError, ValueError):
+                says = path.read_text()
+            except OSError:
                 continue
-            # claim g+1 may be made while its members still say g
-            if path.name != f"alive-{me}" and fresh and running >= max(1, newest.generation - 1):
-                return True
-        return False
+            if fresh and node.isdigit():
+                if says.isdigit() and int(node) != me:
+                    running.add(int(node))
+                elif says == JOINING:
+                    waiting.add(int(node))
+        return running, waiting
+
+    def adopt(self, me: int, checkpoint: Optional[str], steps: Optional[int]) -> None:
+        """Waiting to rejoin a job that no launcher runs any more (all of its
+        generation's launchers died): the lowest waiting node claims the next
+        generation for the waiting nodes, from the newest checkpoint, so the
+        job goes on instead of everyone waiting for no one."""
+        newest = self.newest()
+        self.touch(me, JOINING)
+        running, waiting = self.census(me)
+        group = tuple(sorted(waiting | {me}))
+        if newest is None or running or self.ended() or group[0] != me:
+            return
+        self.claim(newest.generation + 1, group, newest.members, checkpoint=checkpoint,
+                   steps=steps, restarts=newest.restarts + 1)
 
     def ended(self) -> bool:
         return (self.dir / "end.json").exists()

@@ -17,6 +17,7 @@ the original one narrowed to its members (``membership_info``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import pathlib
@@ -26,7 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from determined_launch.claims import ALIVE_EVERY, Claims
+from determined_launch.claims import ALIVE_EVERY, JOINING, REJOIN, STARTING, Claims, arrival
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
@@ -189,38 +190,50 @@ class Generation:
     deferred: frozenset[int] = frozenset()
     #: the chief's: nodes (original ranks) that ask to rejoin (``--min-nodes``)
     joining: Optional[Callable[[], tuple[int, ...]]] = None
+    #: why the claims say this generation is over (``--min-nodes``), if they do
+    superseded: Optional[Callable[[], Optional[str]]] = None
 
 
 def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                     one: Callable[[Generation], tuple[int, Decision, frozenset[int]]],
-                    claims: Optional[Claims] = None, join_timeout: float = 300.0
-                    ) -> tuple[int, ClusterInfo]:
+                    claims: Optional[Claims] = None, join_timeout: float = 300.0,
+                    claim_wait: float = 10.0) -> tuple[int, ClusterInfo]:
     """Run generations until one is not restarted: (its exit status, its info).
 
     ``claims`` (``--min-nodes``): the generation's claims in the run
-    directory. Each generation is claimed before it starts, so two groups of
-    nodes that lost sight of each other never both continue; a launcher that
-    finds the job running without it asks to rejoin and waits (at most
-    ``join_timeout``) for the generation that takes it."""
+    directory. Every generation after the first is claimed before any of its
+    members starts it, and a generation stops when a later one is claimed, so
+    two groups of nodes that lost sight of each other never both continue; a
+    launcher that finds the job running without it asks to rejoin and waits
+    (at most ``join_timeout``) for the generation that takes it."""
     me, everyone = info.container_rank, tuple(range(info.num_nodes))
     gen: Optional[Generation] = Generation(0, info, everyone, judge)
     alive = threading.Event()
-    running = [0]  # the generation this node runs, for its alive file
+    running: list[object] = [0]  # the generation this node runs, for its alive file
     if claims is not None and judge is not None:
-        if claims.live(me):
-            gen = _rejoin(info, judge, claims, join_timeout)
-            running[0] = gen.number if gen else 0
+        first = claims.stamp(0)  # a new job's chief replaces it
+        found = claims.survey(me)
+        rejoin = arrival(found) == REJOIN
+        if rejoin:
+            running[0] = JOINING
         elif info.is_chief:
             claims.start(everyone)
-        threading.Thread(target=_keep_alive, args=(claims, me, running, alive),
+        elif found.ended or found.newest != 0 or not found.others_running:
+            running[0] = STARTING  # until this job's chief claims generation 0
+        threading.Thread(target=_keep_alive, args=(claims, me, running, alive, first),
                          daemon=True).start()
+        if rejoin:
+            gen = _rejoin(info, judge, claims, join_timeout)
+            running[0] = gen.number if gen else JOINING
     try:
         while gen is not None:
-            if claims is not None and gen.info.is_chief:
-                gen = dataclasses.replace(gen, joining=claims.joiners)
+            if claims is not None:
+                gen = dataclasses.replace(
+                    gen, joining=claims.joiners if gen.info.is_chief else None,
+                    superseded=functools.partial(claims.superseded, gen.number, gen.members))
             status, decision, deferred = one(gen)
             if not decision.restart:
-                if claims is not None and gen.info.is_chief:
+                if claims is not None and judge is not None and _ends_job(judge, gen, claims):
                     claims.end()
                 return status, gen.info
             members = decision.members or gen.members
@@ -230,10 +243,11 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
             nxt = Generation(decision.generation,
                              membership_info(info, members, decision.resume.checkpoint),
                              members, judge, deferred)
-            # Claimed by the lowest node of both generations: the new chief after a loss
-            # (every survivor decided the same), the chief that took in a rejoining node.
-            if claims is not None and judge is not None and me == min(
-                    set(members) & set(gen.members)):
+            if claims is not None and judge is not None:
+                # The chief that continues claims once every node hung up (no old worker
+                # left); the others wait for its claim, or claim the same after a while.
+                if me != gen.members[0] and gen.members[0] in members:
+                    _wait_for_claim(claims, nxt.number, claim_wait)
                 why = claims.claim(nxt.number, members, gen.members, restarts=judge.used(),
                                    checkpoint=decision.resume.checkpoint,
                                    steps=decision.resume.steps)
@@ -247,10 +261,33 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         alive.set()
 
 
-def _keep_alive(claims: Claims, me: int, running: list[int], stop: threading.Event) -> None:
-    claims.touch(me, running[0])
-    while not stop.wait(ALIVE_EVERY):
+def _ends_job(judge: Restarts, gen: Generation, claims: Claims) -> bool:
+    """This node's generation ended the job: it is the generation's chief, or
+    the lowest survivor of its lost chief (every survivor decided alone), and
+    no later generation took over (it was not left out or superseded)."""
+    lost = judge.attempts[-1].lost if judge.attempts else ()
+    left = [m for m in gen.members if m not in lost]
+    return bool(left) and left[0] == judge.me and claims.superseded(
+        gen.number, gen.members) is None
+
+
+def _wait_for_claim(claims: Claims, generation: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while claims.read(generation) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _keep_alive(claims: Claims, me: int, running: list[object], stop: threading.Event,
+                first: Optional[tuple[int, int]]) -> None:
+    """Touch this node's alive file every ``ALIVE_EVERY`` seconds; a new job's
+    node says it runs generation 0 once its chief claimed it (a node started
+    again after that is a relaunch: it rejoins)."""
+    while True:
+        if running[0] == STARTING and claims.stamp(0) not in (None, first):
+            running[0] = 0
         claims.touch(me, running[0])
+        if stop.wait(ALIVE_EVERY):
+            return
 
 
 def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
@@ -266,6 +303,7 @@ def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
          f"its next checkpoint")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not claims.ended():
+        claims.adopt(me, *dataclasses.astuple(judge.read()))
         claim = claims.newest()
         if claim is not None and claim.generation < seen and me in claim.members:
             return Generation(0, info, tuple(range(info.num_nodes)), judge)  # a new job here

@@ -234,7 +234,7 @@ def _generation(
             check_ports_free(info, runtime)
         supervisor = Supervisor(plan, info, runtime, options.supervisor, restarts=gen.judge,
                                 deferred=gen.deferred, members=gen.members,
-                                joining=gen.joining)
+                                joining=gen.joining, superseded=gen.superseded)
         return supervisor.run(), supervisor.decision, supervisor.deferred
     finally:
         shutil.rmtree(runtime.job_dir, ignore_errors=True)

@@ -195,28 +195,6 @@ def test_min_nodes_option_and_its_checks() -> None:
         generations.check_min_nodes(3, 1, info)
 
 
-def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
-    """A partition: nodes 0+2 and node 1 each think the others lost. The first
-    claim of generation 1 wins; the other group stops, even when it later tries
-    generation 2 on its own."""
-    from determined_launch.claims import Claims
-
-    Claims(tmp_path).start((0, 1, 2))
-    a, b = Claims(tmp_path), Claims(tmp_path)
-    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None
-    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None  # the same group again: fine
-    assert b.claim(1, (1, 2), previous=(0, 1, 2)) == (
-        "generation 1 of this job was already started by nodes 0, 2")
-    assert b.claim(2, (1,), previous=(1, 2)) == (
-        "generation 1 of this job ran on nodes 0, 2, not on this group's nodes 1, 2: another "
-        "group of nodes continued the job")
-    assert a.claim(2, (0,), previous=(0, 2)) is None
-    assert sorted(p.name for p in (tmp_path / "generations").iterdir()) == [
-        "0.json", "1.json", "2.json"]  # whole files only, no temporaries
-    Claims(tmp_path).start((0, 1, 2))  # a new job: the old claims go
-    assert b.claim(1, (1, 2), previous=(0, 1, 2)) is None
-
-
 def test_a_rejoin_scales_back_up_without_using_a_restart() -> None:
     from determined_launch.errors import EXIT_PREEMPTED
 
@@ -255,36 +233,6 @@ def test_every_node_keeps_the_rejoin_record() -> None:
     crash = Failure(3, "rank 0", 0, "h0", 1.0)
     assert {j.decide(3, crash).why for j in (chief, node, back)} == {
         "not restarting: all 1 restart used"}
-
-
-def test_a_node_asks_to_rejoin_only_a_running_job(tmp_path: Path) -> None:
-    import os
-
-    from determined_launch.claims import ALIVE_STALE, Claims
-
-    c = Claims(tmp_path)
-    assert not c.live(2)  # nothing here: a new job
-    c.start((0, 1, 2))
-    assert not c.live(2)  # a new job starting: generation 0
-    assert c.claim(1, (0, 1), (0, 1, 2), checkpoint="ck-4", steps=4, restarts=1) is None
-    assert not c.live(2)  # ... nobody alive (a crashed job's leftovers)
-    c.touch(0)  # generation 0: a new job's launcher, not this one's
-    assert not c.live(2)
-    c.touch(0, 1)  # node 0 runs generation 1
-    assert c.live(2)
-    assert c.live(1)  # started again before the others noticed its loss: it rejoins too
-    old = (tmp_path / "generations" / "alive-0").stat().st_mtime - ALIVE_STALE - 1
-    os.utime(tmp_path / "generations" / "alive-0", (old, old))
-    assert not c.live(2)  # stale
-    c.ask_to_join(2)
-    assert c.joiners() == (2,)
-    claim = c.newest()
-    assert claim is not None and (claim.generation, claim.members, claim.checkpoint,
-                                  claim.steps, claim.restarts) == (1, (0, 1), "ck-4", 4, 1)
-    c.forget_joins((0, 1, 2))
-    assert c.joiners() == ()
-    c.end()
-    assert not c.live(2)  # the job ended: nothing to rejoin
 
 
 # ------------------------------------------------------------------ real jobs

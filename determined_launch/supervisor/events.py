@@ -160,6 +160,14 @@ class JoinRequested:
 
 
 @dataclasses.dataclass(frozen=True)
+class Superseded:
+    """The run directory's claims say this generation is over (``--min-nodes``:
+    a later one was claimed): stop its workers at once, no checkpoint."""
+
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
 class PreemptListening:
     """A worker on this node watches for preemption (``core.init`` did)."""
 
@@ -183,6 +191,7 @@ Event = Union[
     SignalReceived,
     PreemptFileAppeared,
     JoinRequested,
+    Superseded,
     PreemptListening,
     PreemptAcknowledged,
     PeerMessage,

@@ -54,10 +54,12 @@ class Supervisor:
         deferred: frozenset[int] = frozenset(),
         members: tuple[int, ...] = (),  # nodes' names in messages (``Settings.ids``)
         joining: Optional[Callable[[], tuple[int, ...]]] = None,
+        superseded: Optional[Callable[[], Optional[str]]] = None,
     ) -> None:
         config = config or SupervisorConfig()
-        #: the chief's (``--min-nodes``): nodes asking to rejoin, and those it preempted for
-        self.joining, self.members = joining, members
+        #: the chief's (``--min-nodes``): nodes asking to rejoin, and those it preempted for;
+        #: every node's: why the run directory's claims say this generation is over
+        self.joining, self.members, self.superseded = joining, members, superseded
         self._joiners: tuple[int, ...] = ()
         self._join_check_at = 0.0
         #: signals the previous generation blocked for this one (``_defer_signals``);
@@ -284,17 +286,25 @@ class Supervisor:
         path = self.config.preempt_file
         if path and self.verdict.phase == v.Phase.RUNNING and os.path.exists(path):
             events.append(v.PreemptFileAppeared(path))
-        if (self.joining is not None and not self._joiners and self.verdict.listening
-                and self.verdict.phase == v.Phase.RUNNING
-                and time.monotonic() >= self._join_check_at):  # workers that can checkpoint
+        if self.verdict.phase == v.Phase.RUNNING and time.monotonic() >= self._join_check_at:
             self._join_check_at = time.monotonic() + 1.0
-            self._joiners = tuple(n for n in self.joining() if n not in self.members)
-            if self._joiners:
-                events.append(v.JoinRequested(self._joiners))
+            events.extend(self._claims_events())
         events.extend(self._status_files())
         now = time.time()
         events.extend(v.ProcessExited(i, status, now) for i, status in self.processes.poll())
         return events
+
+    def _claims_events(self) -> list[v.Event]:
+        """``--min-nodes``: a later generation claimed (this one must stop, no
+        checkpoint), or nodes asking to rejoin (workers that can checkpoint)."""
+        why = self.superseded() if self.superseded is not None else None
+        if why is not None:
+            return [v.Superseded(why)]
+        if self.joining is not None and not self._joiners and self.verdict.listening:
+            self._joiners = tuple(n for n in self.joining() if n not in self.members)
+            if self._joiners:
+                return [v.JoinRequested(self._joiners)]
+        return []
 
     def _drain_signals(self) -> Iterable[int]:
         while self.signals:

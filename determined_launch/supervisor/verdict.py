@@ -51,6 +51,7 @@ from determined_launch.supervisor.events import (
     SignalAll,
     SignalGroups,
     SignalReceived,
+    Superseded,
     WritePreemptSignal,
     describe_status,
     message,
@@ -190,6 +191,8 @@ class Verdict:
         elif isinstance(event, JoinRequested):
             who = ", ".join(map(str, event.nodes))
             self.request_preemption(f"makes room for node {who} (rejoining)", None, now, wall, out)
+        elif isinstance(event, Superseded):
+            self._interrupt(signal.SIGTERM, f"stopped its generation: {event.why}", now, wall, out)
         elif isinstance(event, PreemptListening):
             self.listening = True
         elif isinstance(event, PreemptAcknowledged):

@@ -21,13 +21,13 @@ rank on node ``PAUSE_NODE`` (its position in the first node list, passed as
 launcher at a known point. The chief prints ``final w=<repr>``.
 """
 
-import json
 import os
 import pathlib
 import sys
 import time
 
 from elastic_model import GLOBAL_BATCH, sample, update
+from resume_state import restore, save
 
 import determined_launch as det
 
@@ -46,11 +46,7 @@ def main() -> None:
     per_rank = GLOBAL_BATCH // size
     node = os.environ.get("NODE_ID", "?")
     with det.core.init(distributed=dist) as ctx:
-        w, start = 0.0, 0
-        if info.latest_checkpoint is not None:
-            with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
-                state = json.loads((path / "state.json").read_text())
-            w, start = state["w"], state["steps_completed"]
+        w, start = restore(ctx, info)
         print(f"node={node} rank={rank} size={size} start={start}", flush=True)
         for step in range(start, STEPS):
             if size == 2 and step == int(os.environ.get("HOLD_AT", "-1")):
@@ -59,9 +55,7 @@ def main() -> None:
                     time.sleep(0.05)
             if ctx.preempt.should_preempt():  # e.g. to let a node rejoin: checkpoint, exit 0
                 if rank == 0:
-                    with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
-                        (path / "state.json").write_text(
-                            json.dumps({"w": w, "steps_completed": step}))
+                    save(ctx, w, step)
                 dist.allgather(None)
                 print(f"node={node} preempted at step {step}", flush=True)
                 return
@@ -76,9 +70,7 @@ def main() -> None:
             w = update(w, step, sum(dist.allgather(mine)))  # the same order on every rank
             if (step + 1) % CKPT_EVERY == 0:
                 if rank == 0:
-                    with ctx.checkpoint.store_path({"steps_completed": step + 1}) as (path, _):
-                        (path / "state.json").write_text(
-                            json.dumps({"w": w, "steps_completed": step + 1}))
+                    save(ctx, w, step + 1)
                 dist.allgather(None)  # a barrier: the checkpoint is committed first
         if rank == 0:
             print(f"final w={w!r}", flush=True)

@@ -9,7 +9,6 @@ CRASH_AT, the first time only (``CRASH_MARKER`` remembers it), or every time
 with ``CRASH_ALWAYS=1``. The chief prints ``final w=<repr>``.
 """
 
-import json
 import os
 import pathlib
 import sys
@@ -17,6 +16,7 @@ import time
 from typing import Callable, Optional
 
 from restart_model import sample, update
+from resume_state import restore, save
 
 import determined_launch as det
 
@@ -48,11 +48,7 @@ def main() -> None:
     rank, distributed, total, barrier = collectives()
     info = det.get_cluster_info()
     with det.core.init(distributed=distributed) as ctx:
-        w, start = 0.0, 0
-        if info.latest_checkpoint is not None:
-            with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
-                state = json.loads((path / "state.json").read_text())
-            w, start = state["w"], state["steps_completed"]
+        w, start = restore(ctx, info)
         print(f"rank={rank} generation start={start}", flush=True)
         for step in range(start, STEPS):
             if (rank == int(os.environ.get("CRASH_RANK", "-1"))
@@ -65,9 +61,7 @@ def main() -> None:
             w = update(w, step, total(sample(step, rank)))
             time.sleep(0.01)
             if (step + 1) % CKPT_EVERY == 0 and rank == 0:
-                with ctx.checkpoint.store_path({"steps_completed": step + 1}) as (path, _):
-                    (path / "state.json").write_text(
-                        json.dumps({"w": w, "steps_completed": step + 1}))
+                save(ctx, w, step + 1)
             if (step + 1) % CKPT_EVERY == 0:
                 barrier()  # every rank past the checkpoint before anyone crashes
         if rank == 0:

@@ -1,0 +1,235 @@
+"""``--min-nodes``: the generation claims in the run directory, and what a
+starting launcher decides from them. Pure rules one interleaving at a time
+(each one that the chaos check, benchmarks/chaos_node_loss.py, found going
+wrong), and the launcher's generation loop on a real directory with a
+stand-in for the supervisor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from determined_launch import generations
+from determined_launch.claims import (
+    NEW,
+    REJOIN,
+    Claim,
+    Claims,
+    Survey,
+    arrival,
+    lineage,
+    superseded,
+)
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.supervisor.events import Failure
+from determined_launch.supervisor.restarts import Decision, Progress
+
+C4 = Progress("ck-4", 4)
+CHIEF_LOST = Failure(1, "the chief's launcher", 0, "h0", 1.0, how="was lost")
+
+
+# ------------------------------------------------------------------ pure rules
+@pytest.mark.parametrize(("survey", "want"), [
+    (Survey(), NEW),  # nothing here
+    (Survey(ended=True, newest=4, was_here=True, others_running=True), NEW),  # a rerun
+    (Survey(newest=3, was_here=True), NEW),  # a killed job's leftovers: nobody runs it
+    (Survey(newest=0, others_running=True), NEW),  # a new job's late member
+    # The chaos check's bad runs: a launcher started again while the others still ran
+    # generation 0 (they had not noticed its loss) took it for a new job; the chief's
+    # relaunch then removed the running job's claims and numbering restarted.
+    (Survey(newest=0, was_here=True, others_running=True), REJOIN),
+    (Survey(newest=2, was_here=True, others_running=True), REJOIN),
+    (Survey(newest=2, others_running=True), REJOIN),  # its alive file went with a new start
+    # Every running launcher was killed while others waited to rejoin: the old code's
+    # relaunch took it for a new job and waited for a chief that was waiting too.
+    (Survey(newest=4, was_here=True, others_waiting=True), REJOIN),
+    (Survey(newest=4, others_waiting=True), NEW),
+])
+def test_a_starting_launcher_rejoins_exactly_a_running_job(survey: Survey, want: str) -> None:
+    assert arrival(survey) == want
+
+
+def test_a_claim_extends_the_lineage_or_is_refused() -> None:
+    assert lineage(0, (0, 1, 2), (), None, None) is None
+    assert lineage(2, (0, 1), (0, 1), (0, 1), None) is None
+    assert lineage(2, (0, 1), (0, 1), (0, 1), (0, 1)) is None  # the same claim again
+    assert lineage(2, (0, 1), (0, 1), (0, 1), (1,)) == (
+        "generation 2 of this job was already started by node 1")
+    assert lineage(2, (1,), (1, 2), (0, 2), None) == (
+        "generation 1 of this job ran on nodes 0, 2, not on this group's nodes 1, 2: another "
+        "group of nodes continued the job")
+    # Generation numbers restarted under a running group (a new job removed the claims):
+    # the old code let it claim the next number as if nothing happened.
+    assert lineage(2, (1, 2), (1, 2), None, None) == (
+        "generation 1 of this job is not in the run directory (a new job started there)")
+
+
+def test_a_running_generation_stops_when_a_later_one_is_claimed() -> None:
+    assert superseded(1, (0, 1), (0, 1), Claim(1, (0, 1))) is None
+    assert superseded(1, (0, 1), (0, 1), Claim(2, (0, 1, 2))) == (
+        "generation 2 was claimed by nodes 0, 1, 2 while this node ran generation 1")
+    assert superseded(3, (1, 2), None, Claim(1, (0, 1, 2))) == (
+        "the claim of its generation 3 is gone from the run directory")
+    # generation 0 before its chief claimed it (a new job's member came first)
+    assert superseded(0, (0, 1, 2), None, Claim(5, (0,))) is None
+
+
+# ------------------------------------------------------------------ claims on disk
+def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
+    """A partition: nodes 0+2 and node 1 each think the others lost. The first
+    claim of generation 1 wins; the other group stops, even when it later tries
+    generation 2 on its own."""
+    from determined_launch.claims import Claims
+
+    Claims(tmp_path).start((0, 1, 2))
+    a, b = Claims(tmp_path), Claims(tmp_path)
+    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None
+    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None  # the same group again: fine
+    assert b.claim(1, (1, 2), previous=(0, 1, 2)) == (
+        "generation 1 of this job was already started by nodes 0, 2")
+    assert b.claim(2, (1,), previous=(1, 2)) == (
+        "generation 1 of this job ran on nodes 0, 2, not on this group's nodes 1, 2: another "
+        "group of nodes continued the job")
+    assert a.claim(2, (0,), previous=(0, 2)) is None
+    assert sorted(p.name for p in (tmp_path / "generations").glob("*.json")) == [
+        "0.json", "1.json", "2.json"]  # whole files only, no temporaries
+    assert not list((tmp_path / "generations").glob(".claim-*"))
+    Claims(tmp_path).start((0, 1, 2))  # a new job: the old claims go
+    assert b.claim(1, (1, 2), previous=(0, 1, 2)) is None
+
+
+def test_a_starting_launcher_finds_what_runs_here(tmp_path: Path) -> None:
+    import os
+
+    from determined_launch.claims import ALIVE_STALE, JOINING, Claims, Survey
+
+    c = Claims(tmp_path)
+    assert c.survey(2) == Survey()  # nothing here: a new job
+    c.start((0, 1, 2))  # the chief says it runs generation 0
+    assert c.survey(1) == Survey(newest=0, others_running=True)  # a late member of a new job
+    assert c.survey(1) == Survey(newest=0, was_here=True, others_running=True)  # its relaunch
+    assert c.claim(1, (0, 1), (0, 1, 2), checkpoint="ck-4", steps=4, restarts=1) is None
+    c.touch(0, JOINING)  # waiting to rejoin is not running
+    assert not c.survey(2).others_running
+    c.touch(0, 1)
+    old = (tmp_path / "generations" / "alive-0").stat().st_mtime - ALIVE_STALE - 1
+    os.utime(tmp_path / "generations" / "alive-0", (old, old))
+    assert c.survey(2) == Survey(newest=1, was_here=True)  # stale: a killed job's leftovers
+    c.ask_to_join(2)
+    assert c.joiners() == (2,)
+    claim = c.newest()
+    assert claim is not None and (claim.generation, claim.members, claim.checkpoint,
+                                  claim.steps, claim.restarts) == (1, (0, 1), "ck-4", 4, 1)
+    c.forget_joins((0, 1, 2))
+    assert c.joiners() == ()
+    c.touch(0, 1)
+    c.end()
+    assert c.survey(2).ended  # the job ended: nothing to rejoin
+
+
+def test_a_generation_with_a_missing_predecessor_is_refused_on_disk(tmp_path: Path) -> None:
+    c = Claims(tmp_path)
+    c.start((0, 1, 2))
+    assert c.claim(1, (1, 2), (0, 1, 2)) is None
+    assert c.superseded(1, (1, 2)) is None
+    Claims(tmp_path).start((0, 1, 2))  # a relaunched chief removed the claims (old code)
+    assert c.superseded(1, (1, 2)) == "the claim of its generation 1 is gone from the run directory"
+    assert c.claim(2, (1,), (1, 2)) == (
+        "generation 1 of this job is not in the run directory (a new job started there)")
+    assert c.claim(1, (0,), (0, 1, 2)) is None
+    assert c.superseded(0, (0, 1, 2)) == (
+        "generation 1 was claimed by node 0 while this node ran generation 0")
+
+
+def test_waiting_nodes_adopt_a_job_that_nobody_runs(tmp_path: Path) -> None:
+    import os
+
+    from determined_launch.claims import ALIVE_STALE, JOINING
+
+    c = Claims(tmp_path)
+    c.start((0, 1, 2))
+    assert c.claim(1, (0, 1), (0, 1, 2), restarts=1) is None
+    c.touch(0, 1)  # node 0 runs generation 1; nodes 1 and 2 wait to rejoin
+    c.touch(2, JOINING)
+    c.adopt(1, "ck-8", 8)
+    assert c.newest() == Claim(1, (0, 1), restarts=1)  # a launcher runs it: wait
+    old = (tmp_path / "generations" / "alive-0").stat().st_mtime - ALIVE_STALE - 1
+    os.utime(tmp_path / "generations" / "alive-0", (old, old))  # it died
+    c.adopt(2, "ck-8", 8)
+    assert c.newest() == Claim(1, (0, 1), restarts=1)  # node 1 is the lowest waiting
+    c.adopt(1, "ck-8", 8)
+    assert c.newest() == Claim(2, (1, 2), "ck-8", 8, restarts=2)
+
+
+# ------------------------------------------------------------------ the generation loop
+def info(me: int, n: int = 3) -> ClusterInfo:
+    return ClusterInfo(tuple(f"h{i}" for i in range(n)), me, (1,) * n, (0,), "test")
+
+
+def judge(me: int, n: int = 3, min_nodes: int = 1) -> generations.Restarts:
+    return generations.Restarts(3, lambda: C4, Progress(), tuple(range(n)), me, min_nodes)
+
+
+def test_a_relaunched_chief_rejoins_instead_of_starting_over(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The chief's launcher is killed and started again while nodes 1 and 2
+    still run generation 0: it must not remove the job's claims and start a
+    generation 0 of its own (the old code did: two memberships on one run
+    directory), but ask to rejoin."""
+    claims = Claims(tmp_path)
+    claims.start((0, 1, 2))  # the first chief, since killed
+    claims.touch(1, 0)
+    claims.touch(2, 0)
+    claims.ask_to_join(5)  # anything in the directory that a new start would remove
+    calls: list[int] = []
+
+    def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+        calls.append(gen.number)
+        return 0, Decision(False), frozenset()
+
+    status, _ = generations.run_generations(info(0), judge(0), one, claims, join_timeout=0.3)
+    assert calls == [] and status == 1
+    assert (tmp_path / "generations" / "join-5").exists()
+    err = capsys.readouterr().err
+    assert "the job runs here (generation 0, nodes 0, 1, 2) without this launcher of node 0: " \
+           "asking to rejoin" in err
+    assert "node 0 did not rejoin the running job: no generation took it within 0.3s" in err
+
+
+def test_every_member_checks_the_claim_before_it_starts_a_generation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After the chief's loss node 2 decides alone to continue on nodes 1, 2;
+    generation 1 was claimed by nodes 0, 2 meanwhile. The old code let node 2
+    (not the claimer) start it anyway."""
+    claims = Claims(tmp_path)
+    claims.start((0, 1, 2))
+    assert claims.claim(1, (0, 2), (0, 1, 2)) is None
+    # nobody runs it: node 2 is no newcomer
+    (tmp_path / "generations" / "alive-0").unlink(missing_ok=True)
+    j, calls = judge(2), []
+
+    def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+        calls.append(gen.number)
+        return 1, j.decide(1, CHIEF_LOST, frozenset({0})), frozenset()
+
+    status, _ = generations.run_generations(info(2), j, one, claims, join_timeout=0.3)
+    assert calls == [0] and status == 1
+    assert "not restarting: generation 1 of this job was already started by nodes 0, 2" in (
+        capsys.readouterr().err)
+
+
+def test_the_last_survivors_of_a_lost_chief_end_the_job(tmp_path: Path) -> None:
+    """Below --min-nodes after the chief's loss, the lowest survivor writes
+    end.json (the old code left it to the chief, which was gone), so a node
+    started again later is told the job ended instead of waiting for it."""
+    claims = Claims(tmp_path)
+    claims.start((0, 1))
+    (tmp_path / "generations" / "alive-0").unlink(missing_ok=True)
+    j = judge(1, n=2, min_nodes=2)
+
+    def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+        return 1, j.decide(1, CHIEF_LOST, frozenset({0})), frozenset()
+
+    assert generations.run_generations(info(1, n=2), j, one, claims)[0] == 1
+    assert claims.ended()
