@@ -196,6 +196,115 @@ def test_batch_step_rejects_a_non_dict_result() -> None:
             BatchStep(Trial(), ctx, {})(torch.ones(1), 0, 0)
 
 
+def _stream(collate_fn: Any = None) -> Any:
+    """A repeating det.pytorch.DataLoader of (x, y) pairs, as the Trainer builds it."""
+    from determined_launch import pytorch
+
+    data = torch.utils.data.TensorDataset(torch.ones(8, 1), torch.zeros(8, 1))
+    kwargs = {} if collate_fn is None else {"collate_fn": collate_fn}
+    return pytorch.DataLoader(data, batch_size=2, **kwargs).get_data_loader(repeat=True)
+
+
+def test_batch_step_run_calls_nothing_of_ours_per_batch() -> None:
+    """Issue 28: between two model steps the loop runs no function of this
+    package but the preemption poll: no per-batch layers (the old path called
+    BatchStep.__call__, start_batch, to_device, _cpu_tensors and two generators
+    of ours every batch), and a CPU batch of CPU tensors is not walked."""
+    import determined_launch
+
+    root = str(pathlib.Path(determined_launch.__file__).parent)
+    ours: list[str] = []
+    counting = [False]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and counting[0] and code.co_filename.startswith(root):
+            # the poll's own agreement rounds (core) aside
+            if not code.co_filename.endswith("preempt.py") or code.co_name == "should_preempt":
+                ours.append(code.co_name)
+
+    with core._dummy_init() as core_context:
+        ctx = _context(core_context)
+        ctx._epoch_len = 4
+        model = ctx.wrap_model(torch.nn.Linear(1, 1, bias=False))
+        opt = ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        seen: list[Any] = []
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                counting[0] = False
+                seen.append(batch)
+                loss = model(batch[0]).sum()
+                ctx.backward(loss)
+                ctx.step_optimizer(opt)
+                counting[0] = batch_idx >= 2  # from the end of batch 2's step on
+                return {"loss": loss}
+
+        loader = _stream()
+        per_batch: list[dict[str, Any]] = []
+        step = BatchStep(Trial(), ctx, {})
+        sys.setprofile(profile)
+        try:
+            end, _, polled = step.run(iter(loader), loader, 0, 0, 30, per_batch,
+                                      core_context.preempt.should_preempt)
+        finally:
+            sys.setprofile(None)
+        assert (end, polled, len(per_batch)) == (30, False, 30)
+        assert set(ours) <= {"should_preempt"}, sorted(set(ours))
+        assert ours.count("should_preempt") == 28  # after every batch from batch 2 on
+        assert all(type(b[0]) is torch.Tensor for b in seen)
+
+
+def test_batch_step_moves_every_batch_of_a_custom_collate() -> None:
+    """Batches are moved unless the loader's collate is torch's default and the
+    first batch holds CPU tensors: a collate returning numpy arrays still gives
+    ``train_batch`` tensors, every batch."""
+    with core._dummy_init() as core_context:
+        ctx = _context(core_context)
+        ctx._epoch_len = 4
+        kinds: list[type] = []
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                kinds.append(type(batch[0]))
+                return {"loss": torch.zeros(())}
+
+        def numpy_pairs(samples: list[Any]) -> Any:
+            return [np.stack([s[0].numpy() for s in samples]),
+                    np.stack([s[1].numpy() for s in samples])]
+
+        loader = _stream(numpy_pairs)
+        step = BatchStep(Trial(), ctx, {})
+        step.run(iter(loader), loader, 0, 0, 5, [], None)
+        assert kinds == [torch.Tensor] * 5
+
+
+def test_batch_step_run_stops_when_the_poll_says_so() -> None:
+    with core._dummy_init() as core_context:
+        ctx = _context(core_context)
+        ctx._epoch_len = 100
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                return torch.zeros(())
+
+        calls = iter(range(100))
+        loader = _stream()
+        per_batch: list[dict[str, Any]] = []
+        end, _, polled = BatchStep(Trial(), ctx, {}).run(
+            iter(loader), loader, 0, 10, 50, per_batch, lambda block: next(calls) == 2,
+        )
+        assert (end, polled, len(per_batch)) == (13, True, 3)
+
+
+def test_metric_keys_must_stay_the_same_within_a_workload() -> None:
+    from determined_launch.pytorch.loop.batch_step import check_metric_keys
+
+    check_metric_keys([{"a": 1, "b": 2}, {"b": 3, "a": 4}], 0)
+    with pytest.raises(ValueError, match=r"\['a', 'c'\] at batch 12 but \['a', 'b'\]"):
+        check_metric_keys([{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 1, "c": 2}], 10)
+
+
 class _Train:
     def __init__(self, best: Optional[float]) -> None:
         self.best = best

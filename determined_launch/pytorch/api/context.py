@@ -21,6 +21,7 @@ from torch import nn
 from determined_launch import errors
 from determined_launch.pytorch.api import seed002
 from determined_launch.pytorch.data.batch_sizes import calculate_batch_sizes
+from determined_launch.pytorch.data.loader import _cpu_tensors, local_gpu
 from determined_launch.pytorch.data.loader import to_device as _to_device
 from determined_launch.pytorch.metrics.reducer import MetricReducer, _PyTorchReducerContext
 from determined_launch.pytorch.optim import amp as _amp
@@ -64,42 +65,10 @@ def _passed_on(method: Callable[..., Any]) -> Any:
     return call
 
 
-def _cpu_tensors(data: Any) -> bool:
-    """``data`` is a CPU tensor, or a tuple, list or dict of CPU tensors."""
-    kind = type(data)
-    if kind is torch.Tensor or kind is torch.nn.Parameter:
-        return bool(data.is_cpu)
-    if kind is tuple or kind is list:
-        values: Any = data
-    elif kind is dict:
-        values = data.values()
-    else:
-        return False
-    for value in values:
-        if type(value) is not torch.Tensor or not value.is_cpu:
-            return False
-    return True
-
-
 def _optim_state(name: str) -> Any:
     """A read-only view of the ``Optimization``'s attribute ``name`` (the private
     names upstream code and tests read on the context)."""
     return property(lambda self: getattr(self._optim, name))
-
-
-def local_gpu(local_rank: int, local_ranks: int) -> int:
-    """The GPU of this rank: one per rank, by local rank, as NCCL needs (it
-    refuses two ranks on one GPU). More ranks on a node than visible GPUs is a
-    launch mistake (``--slots`` above the GPU count), named here instead of
-    CUDA's "invalid device ordinal" on some ranks."""
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        raise errors.InvalidExperimentException(
-            f"local rank {local_rank} has no GPU of its own: {local_ranks} ranks on this node but "
-            f"{count} visible GPU(s); start one rank per GPU (leave --slots out) or hide the "
-            "GPUs (CUDA_VISIBLE_DEVICES=) to train on CPU"
-        )
-    return local_rank
 
 
 class PyTorchTrialContext:

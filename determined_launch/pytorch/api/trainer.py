@@ -9,6 +9,7 @@ also takes a directory or ``"latest"`` (FIX-10).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -26,11 +27,12 @@ from determined_launch.core._context import resolve_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
 from determined_launch.pytorch.api import seed002
-from determined_launch.pytorch.api.context import PyTorchTrialContext, local_gpu
+from determined_launch.pytorch.api.context import PyTorchTrialContext
 from determined_launch.pytorch.api.seed002 import _InitHandle
 from determined_launch.pytorch.api.trial import PyTorchTrial
 from determined_launch.pytorch.checkpoints.files import find_state_file
 from determined_launch.pytorch.data.batch_sizes import shard_batch_size
+from determined_launch.pytorch.data.loader import local_gpu
 from determined_launch.pytorch.loop.teardown import end_process_group
 
 logger = logging.getLogger("determined_launch.pytorch")
@@ -161,7 +163,9 @@ def _init(
                 debug_enabled=False,
                 enable_tensorboard_logging=enable_tensorboard_logging,
             )
-            dist.shard_batch_size = lambda gbs: _shard(dist.size, gbs)  # type: ignore[attr-defined]
+            dist.shard_batch_size = functools.partial(  # type: ignore[attr-defined]
+                shard_batch_size, dist.size
+            )
             try:
                 yield context
             finally:
@@ -173,10 +177,6 @@ def _init(
         raise
     if started_pg:
         end_process_group(barrier=True, models=context.models if context is not None else ())
-
-
-def _shard(size: int, global_batch_size: int) -> int:
-    return shard_batch_size(size, global_batch_size)
 
 
 def init(

@@ -23,6 +23,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as _collate
 
+from determined_launch import errors
 from determined_launch.pytorch import samplers
 
 logger = logging.getLogger("determined_launch.pytorch")
@@ -313,6 +314,38 @@ def data_length(data: _Data) -> int:
             )
         return len(data[0])
     raise TypeError(f"Data of incorrect type: {type(data)}")
+
+
+def _cpu_tensors(data: Any) -> bool:
+    """``data`` is a CPU tensor, or a tuple, list or dict of CPU tensors."""
+    kind = type(data)
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        return bool(data.is_cpu)
+    if kind is tuple or kind is list:
+        values: Any = data
+    elif kind is dict:
+        values = data.values()
+    else:
+        return False
+    for value in values:
+        if type(value) is not torch.Tensor or not value.is_cpu:
+            return False
+    return True
+
+
+def local_gpu(local_rank: int, local_ranks: int) -> int:
+    """The GPU of this rank: one per rank, by local rank, as NCCL needs (it
+    refuses two ranks on one GPU). More ranks on a node than visible GPUs is a
+    launch mistake (``--slots`` above the GPU count), named here instead of
+    CUDA's "invalid device ordinal" on some ranks."""
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise errors.InvalidExperimentException(
+            f"local rank {local_rank} has no GPU of its own: {local_ranks} ranks on this node but "
+            f"{count} visible GPU(s); start one rank per GPU (leave --slots out) or hide the "
+            "GPUs (CUDA_VISIBLE_DEVICES=) to train on CPU"
+        )
+    return local_rank
 
 
 def to_device(

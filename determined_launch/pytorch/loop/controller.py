@@ -35,8 +35,8 @@ from determined_launch.pytorch.api.trial import (
 )
 from determined_launch.pytorch.checkpoints.checkpointer import Checkpointer
 from determined_launch.pytorch.checkpoints.policy import CheckpointPolicy
-from determined_launch.pytorch.loop.batch_step import BatchStep
-from determined_launch.pytorch.loop.loaders import build_loaders, training_batches
+from determined_launch.pytorch.loop.batch_step import BatchStep, check_metric_keys
+from determined_launch.pytorch.loop.loaders import build_loaders
 from determined_launch.pytorch.loop.progress import Progress
 from determined_launch.pytorch.metrics.training import TrainingMetrics
 from determined_launch.pytorch.metrics.validation import Validator
@@ -127,9 +127,10 @@ class _PyTorchTrialController:
         self.state = _TrialState(trial_id=self.trial_id)
         self.training_loader: Any = None
         self.validation_loader: Any = None
-        self.training_iterator: Optional[Iterator[Any]] = None
+        self.training_iterator: Iterator[Any] = iter(())
         self.last_validation_metrics: Optional[dict[str, Any]] = None
         self._preempt_polled = False
+        self._next_batch = steps_completed  # the index of the next batch to train
         self._progress = Progress(max_length, is_chief=self.is_chief)
 
         self.batch_step = BatchStep(self.trial, self.context, self.callbacks)
@@ -178,9 +179,6 @@ class _PyTorchTrialController:
             self.trial, self.context, self.steps_completed
         )
 
-    def _training_batches(self) -> Iterator[Any]:
-        return training_batches(self.training_iterator, self.training_loader)
-
     # ------------------------------------------------------------ run
     def run(self) -> None:
         self.steps_completed = self.checkpointer.resume_offset(
@@ -224,7 +222,7 @@ class _PyTorchTrialController:
 
     def _cleanup_iterator(self) -> None:
         # Shuts down DataLoader workers now rather than at garbage collection.
-        self.training_iterator = None
+        self.training_iterator = iter(())
 
     # ------------------------------------------------------------ collaborators
     # The names Determined's tests call on the controller, passed on.
@@ -271,11 +269,11 @@ class _PyTorchTrialController:
                 _TrainBoundary(_TrainBoundaryType.CHECKPOINT, self.checkpoint_period),
                 _TrainBoundary(_TrainBoundaryType.REPORT, self.reporting_period),
             ]
-            enumerator = enumerate(self._training_batches(), start=self.steps_completed)
+            self._next_batch = self.steps_completed
             while _units.remaining(
                 self.max_length, self.state.batches_trained, self.state.epochs_trained
             ) > 0:
-                boundaries, per_batch = self._train_with_boundaries(enumerator, boundaries)
+                boundaries, per_batch = self._train_with_boundaries(boundaries)
                 self._end_workload(per_batch)
                 self._act_on_boundaries(boundaries)
                 if self.test_mode:  # one batch, then the final validation and checkpoint
@@ -338,59 +336,63 @@ class _PyTorchTrialController:
 
     # ------------------------------------------------------------ training
     def _train_with_boundaries(
-        self, training_enumerator: Iterator[tuple[int, Any]], train_boundaries: list[_TrainBoundary]
+        self, train_boundaries: list[_TrainBoundary]
     ) -> tuple[list[_TrainBoundary], list[dict[str, Any]]]:
         """Train until a boundary is reached; returns the boundaries (with
-        ``limit_reached`` set) and the per-batch metrics of this workload."""
+        ``limit_reached`` set) and the per-batch metrics of this workload. Batches
+        run in segments (``BatchStep.run``, a flat loop) up to the next count where
+        a boundary can be reached or the epoch's end; the epoch callbacks,
+        counters and boundary tests run between segments, not per batch."""
         for model in self.context.models:
             model.train()
         self.context.reset_reducers()
         epoch_len = self.context._epoch_len
+        # FIX-12: a cheap, rank-synchronized poll every batch, so a preemption
+        # lands within about a batch, not a reporting period.
         poll = self.core_context.preempt.should_preempt
         step = self.batch_step
         state = self.state
         progress = self._progress
-        batch_done = progress.batch_done if progress.draws else None  # no bar: no call
+        batch_done = None
+        if progress.draws:  # no bar: no call
+            offset = state.batches_trained - self._next_batch
+
+            def batch_done(batch_idx: int) -> None:
+                progress.batch_done(batch_idx + offset, state.epochs_trained)
+
         test_mode = self.test_mode
-        # The boundaries are tested at the first batch, then only at the batch
-        # count where the next one can be reached (the per-batch path stays short).
-        stop_at = -1
+        first = batch_idx = self._next_batch
         per_batch: list[dict[str, Any]] = []
-        keys: Any = None
-        for batch_idx, batch in training_enumerator:
+        reached = False
+        while not reached:
             epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
+            stop = min(
+                _units.next_boundary(train_boundaries, batch_idx, epoch_len, test_mode=test_mode),
+                batch_idx - in_epoch + epoch_len,
+            )
             if in_epoch == 0:
                 step.epoch_start(epoch_idx)
-            metrics = step(batch, epoch_idx, batch_idx)
-            if keys is None:
-                keys = metrics.keys()
-            elif metrics.keys() != keys:
-                raise ValueError(
-                    f"train_batch returned metric keys {sorted(metrics)} at batch {batch_idx} "
-                    f"but {sorted(keys)} earlier; return the same keys every batch"
+            done = len(per_batch)
+            try:
+                end, self.training_iterator, polled = step.run(
+                    self.training_iterator, self.training_loader, epoch_idx, batch_idx, stop,
+                    per_batch, poll, batch_done,
                 )
-            per_batch.append(metrics)
-            state.batches_trained += 1
-            if batch_done is not None:
-                batch_done(state.batches_trained, state.epochs_trained)
-            if in_epoch == epoch_len - 1:
+            except BaseException:  # e.g. InvalidHP: the exit checkpoint counts what ran
+                state.batches_trained += len(per_batch) - done
+                raise
+            state.batches_trained += end - batch_idx
+            batch_idx = end
+            if end % epoch_len == 0:
                 step.epoch_end(epoch_idx)
                 state.epochs_trained += 1
-            reached = False
-            if batch_idx >= stop_at - 1:
-                reached = _units.check_boundaries(
-                    train_boundaries, batch_idx, epoch_len, test_mode=test_mode
-                )
-                stop_at = _units.next_boundary(
-                    train_boundaries, batch_idx + 1, epoch_len, test_mode=test_mode
-                )
-            # FIX-12: a cheap, rank-synchronized poll every batch, so a
-            # preemption lands within about a batch, not a reporting period.
-            if poll(block=False):
-                self._preempt_polled = True
-                reached = True
-            if reached:
-                break
+            reached = _units.check_boundaries(
+                train_boundaries, end - 1, epoch_len, test_mode=test_mode
+            )
+            if polled:
+                self._preempt_polled = reached = True
+        self._next_batch = batch_idx
+        check_metric_keys(per_batch, first)
         return train_boundaries, per_batch
 
 

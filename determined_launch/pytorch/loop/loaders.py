@@ -1,11 +1,11 @@
 """The loop's data: training and validation loaders built from the trial
-(spec 3.12), and the endless training batch stream."""
+(spec 3.12)."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator, Sized
+from collections.abc import Sized
 from typing import Any, Optional
 
 import torch.utils.data as tud
@@ -97,18 +97,3 @@ def _warn_inexact_resize(context: Any, train_data: Any) -> None:
             "those a run on %d would have trained on",
             len(batches.sampler), gbs, slots, context._resized_from, context._resized_from,
         )
-
-
-def training_batches(iterator: Any, loader: Any) -> Iterator[Any]:
-    """``iterator``'s batches, then the loader's again whenever a finite custom
-    loader ends (FIX-13: upstream would stop yielding and spin)."""
-    while True:
-        yielded = False
-        for batch in iterator:
-            yielded = True
-            yield batch
-        if not yielded:
-            raise ValueError(
-                "the training data loader yielded no batches; give it at least one batch"
-            )
-        iterator = iter(loader)
