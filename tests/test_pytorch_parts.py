@@ -243,15 +243,16 @@ def test_batch_step_run_calls_nothing_of_ours_per_batch() -> None:
         loader = _stream()
         per_batch: list[dict[str, Any]] = []
         step = BatchStep(Trial(), ctx, {})
+        preempt = core.PreemptContext(core_context.distributed, max_sync_interval=8)
         sys.setprofile(profile)
         try:
-            end, _, polled = step.run(iter(loader), loader, 0, 0, 30, per_batch,
-                                      core_context.preempt.should_preempt)
+            end, _, polled = step.run(iter(loader), loader, 0, 0, 30, per_batch, preempt)
         finally:
             sys.setprofile(None)
         assert (end, polled, len(per_batch)) == (30, False, 30)
         assert set(ours) <= {"should_preempt"}, sorted(set(ours))
-        assert ours.count("should_preempt") == 28  # after every batch from batch 2 on
+        # polled after every batch, but called only where it may check (sync points)
+        assert preempt.calls == 30 and 2 <= ours.count("should_preempt") <= 8
         assert all(type(b[0]) is torch.Tensor for b in seen)
 
 
@@ -288,13 +289,60 @@ def test_batch_step_run_stops_when_the_poll_says_so() -> None:
             def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
                 return torch.zeros(())
 
-        calls = iter(range(100))
+        class Poll:  # checks on every call, as core's DummyPreemptContext does
+            calls = 0
+
+            def quiet_polls(self) -> int:
+                return 0
+
+            def skip_polls(self, n: int) -> None:
+                assert n == 0
+
+            def should_preempt(self, block: bool) -> bool:
+                self.calls += 1
+                return self.calls == 3
+
         loader = _stream()
         per_batch: list[dict[str, Any]] = []
         end, _, polled = BatchStep(Trial(), ctx, {}).run(
-            iter(loader), loader, 0, 10, 50, per_batch, lambda block: next(calls) == 2,
+            iter(loader), loader, 0, 10, 50, per_batch, Poll(),
         )
         assert (end, polled, len(per_batch)) == (13, True, 3)
+
+
+@pytest.mark.parametrize("request_at", [0, 5, 13, 40])
+def test_batch_step_counted_polls_stop_where_polling_every_batch_does(request_at: int) -> None:
+    """The loop counts the polls core says return False instead of making them:
+    a preemption requested at any batch stops training after the same batch, with
+    the same call count, as ``should_preempt(block=False)`` after every batch (the
+    sync schedule is deterministic here: it doubles up to ``max_sync_interval``)."""
+    with core._dummy_init() as core_context:
+        dist = core_context.distributed
+        reference = core.PreemptContext(dist, sync_period=1e9, max_sync_interval=16)
+        expected = None
+        for batch_idx in range(100):
+            if batch_idx == request_at:
+                reference.request_preemption()
+            if reference.should_preempt(block=False):
+                expected = (batch_idx + 1, reference.calls)
+                break
+        ctx = _context(core_context)
+        ctx._epoch_len = 1000
+        preempt = core.PreemptContext(dist, sync_period=1e9, max_sync_interval=16)
+
+        class Trial:
+            def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+                if batch_idx == request_at:
+                    preempt.request_preemption()
+                return torch.zeros(())
+
+        loader = _stream()
+        step, batches, end, polled = BatchStep(Trial(), ctx, {}), iter(loader), 0, False
+        while not polled:  # segments of 7 batches, as boundaries would cut them
+            end, batches, polled = step.run(batches, loader, 0, end, end + 7, [], preempt)
+        assert (end, preempt.calls) == expected
+        with pytest.raises(ValueError, match="quiet polls"):
+            preempt.skip_polls(preempt.quiet_polls() + 1)
 
 
 def test_metric_keys_must_stay_the_same_within_a_workload() -> None:

@@ -198,6 +198,21 @@ class PreemptContext:
             return False
         return self._check(n, auto_ack)
 
+    def quiet_polls(self) -> int:
+        """How many of the next ``should_preempt(block=False)`` calls would return
+        False without checking anything (0: the next one may check). A loop may
+        count them itself and report them with ``skip_polls`` (the Trainer does:
+        no call per batch between sync points)."""
+        return max(0, self._next_sync - self._calls - 1)
+
+    def skip_polls(self, n: int) -> None:
+        """Count ``n`` ``should_preempt(block=False)`` calls made without calling
+        (at most ``quiet_polls()``), so that the sync points stay where every
+        rank expects them."""
+        if not 0 <= n <= self.quiet_polls():
+            raise ValueError(f"skip_polls({n}): only {self.quiet_polls()} quiet polls are due")
+        self._calls += n
+
     def _check(self, n: int, auto_ack: bool) -> bool:
         if self._decided:
             out = True

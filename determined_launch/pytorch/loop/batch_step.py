@@ -45,7 +45,8 @@ class _ScalarDtypes(dict[Any, Any]):
 
 
 _SCALAR = _ScalarDtypes(SCALAR_DTYPES)
-Poll = Callable[..., bool]
+#: as good as never: no poll (``run`` without a preemption context)
+_NEVER = -1
 
 
 class BatchStep:
@@ -85,13 +86,16 @@ class BatchStep:
 
     def run(
         self, batches: Iterator[Any], loader: Any, epoch_idx: int, batch_idx: int, stop: int,
-        per_batch: list[dict[str, Any]], poll: Optional[Poll],
+        per_batch: list[dict[str, Any]], preempt: Any,
         batch_done: Optional[Callable[[int], None]] = None,
     ) -> tuple[int, Iterator[Any], bool]:
         """Train batches ``batch_idx`` .. ``stop - 1`` of epoch ``epoch_idx``, each
-        batch's metrics appended to ``per_batch``, until ``poll(block=False)`` says
-        to stop. Returns the next batch index, the batch iterator (a new one
-        after a finite ``loader`` ended: FIX-13) and whether the poll stopped it."""
+        batch's metrics appended to ``per_batch``, until ``preempt`` (a core
+        ``PreemptContext``, or None) says to stop: ``should_preempt(block=False)``
+        after every batch (FIX-12), made as a countdown of the polls it knows
+        return False (``quiet_polls``), so a batch between sync points calls
+        nothing. Returns the next batch index, the batch iterator (a new one
+        after a finite ``loader`` ended: FIX-13) and whether preemption stopped it."""
         ctx = self._context
         optim = ctx._optim
         train = self._trial.train_batch
@@ -107,6 +111,7 @@ class BatchStep:
         if not extras:
             optim.start_batch(batch_idx)
         fetch = batches.__next__
+        quiet = skip = _NEVER if preempt is None else preempt.quiet_polls()
         while batch_idx < stop:
             try:
                 batch = fetch()
@@ -145,8 +150,15 @@ class BatchStep:
             batch_idx += 1
             if batch_done is not None:
                 batch_done(batch_idx)
-            if poll is not None and poll(block=False):
+            if quiet:  # < 0: never
+                quiet -= 1
+                continue
+            preempt.skip_polls(skip)
+            if preempt.should_preempt(block=False):
                 return batch_idx, batches, True
+            quiet = skip = preempt.quiet_polls()
+        if skip > 0:
+            preempt.skip_polls(skip - quiet)  # the polls counted down in this segment
         return batch_idx, batches, False
 
     def _train_extras(self, train: Any, batch: Any, epoch_idx: int, batch_idx: int) -> Any:

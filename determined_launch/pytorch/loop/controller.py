@@ -349,7 +349,7 @@ class _PyTorchTrialController:
         epoch_len = self.context._epoch_len
         # FIX-12: a cheap, rank-synchronized poll every batch, so a preemption
         # lands within about a batch, not a reporting period.
-        poll = self.core_context.preempt.should_preempt
+        preempt = self.core_context.preempt
         step = self.batch_step
         state = self.state
         progress = self._progress
@@ -376,7 +376,7 @@ class _PyTorchTrialController:
             try:
                 end, self.training_iterator, polled = step.run(
                     self.training_iterator, self.training_loader, epoch_idx, batch_idx, stop,
-                    per_batch, poll, batch_done,
+                    per_batch, preempt, batch_done,
                 )
             except BaseException:  # e.g. InvalidHP: the exit checkpoint counts what ran
                 state.batches_trained += len(per_batch) - done
