@@ -188,7 +188,7 @@ class Generation:
     judge: Optional[Restarts]
     #: signals the previous generation kept pending for this one
     deferred: frozenset[int] = frozenset()
-    #: the chief's: nodes (original ranks) that ask to rejoin (``--min-nodes``)
+    #: nodes (original ranks) that ask to rejoin (``--min-nodes``; the chief preempts for them)
     joining: Optional[Callable[[], tuple[int, ...]]] = None
     #: why the claims say this generation is over (``--min-nodes``), if they do
     superseded: Optional[Callable[[], Optional[str]]] = None
@@ -229,7 +229,7 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         while gen is not None:
             if claims is not None:
                 gen = dataclasses.replace(
-                    gen, joining=claims.joiners if gen.info.is_chief else None,
+                    gen, joining=claims.joiners,
                     superseded=functools.partial(claims.superseded, gen.number, gen.members))
             status, decision, deferred = one(gen)
             if not decision.restart:

@@ -233,3 +233,22 @@ def test_the_last_survivors_of_a_lost_chief_end_the_job(tmp_path: Path) -> None:
 
     assert generations.run_generations(info(1, n=2), j, one, claims)[0] == 1
     assert claims.ended()
+
+
+def test_a_rejoin_survives_the_loss_of_the_chief_that_preempted_for_it() -> None:
+    """Generation 12 (nodes 0, 2) was preempted for node 1 to rejoin, and
+    the chief's launcher was killed before it decided. Node 2 decides alone:
+    the old code saw a plain preemption and ended the job (exit 75, no
+    final weight); it continues with the rejoining node, without the chief."""
+    from determined_launch.errors import EXIT_PREEMPTED
+    from determined_launch.supervisor import handoff
+
+    j = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
+    d = handoff.node_decides(None, j, EXIT_PREEMPTED, None, True, None,  # type: ignore[arg-type]
+                             1.0, lambda: (1,))
+    assert d.restart and d.members == (1, 2) and d.generation == 1
+    assert d.why == ("node 1 rejoins: continuing on nodes 1, 2 without node 0 (generation 1); "
+                     "resuming from no checkpoint")  # (none committed since this node started)
+    alone = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
+    assert not handoff.node_decides(None, alone, EXIT_PREEMPTED, None, True, None,  # type: ignore[arg-type]
+                                    1.0, lambda: ()).restart  # a plain preemption ends it

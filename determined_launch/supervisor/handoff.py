@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
+from typing import Callable, Optional
 
+from determined_launch.errors import EXIT_PREEMPTED
 from determined_launch.supervisor.control import ChiefLink, ControlLink
 from determined_launch.supervisor.events import Failure, Kind, Message, Settings, message
 from determined_launch.supervisor.restarts import Decision, RestartJudge
@@ -77,18 +78,21 @@ def chief_decides(link: ChiefLink, judge: RestartJudge, status: int, cause: Opti
 
 
 def node_decides(link: ControlLink, judge: RestartJudge, status: int, cause: Optional[Failure],
-                 chief_gone: bool, early: Optional[Message], timeout: float) -> Decision:
+                 chief_gone: bool, early: Optional[Message], timeout: float,
+                 joining: Optional[Callable[[], tuple[int, ...]]] = None) -> Decision:
     """Node: follow the chief's decision, keeping this node's own record of
     the generation; with no chief to ask (``chief_gone``: its loss was this
     generation's news), decide alone, as every survivor does, by the same
     rule (the same nodes minus the chief, with ``--min-nodes``; else no
-    restart), so that they agree."""
+    restart), so that they agree. A generation the chief preempted for
+    rejoining nodes (``joining``: who asks) continues with them."""
     if not chief_gone:
         word = await_chief(link, early, timeout)
         if word is not None:
             judge.decide(status, cause)
             return judge.follow(word)
-    return judge.decide(status, cause, frozenset({0}))
+    asking = joining() if joining is not None and status == EXIT_PREEMPTED else ()
+    return judge.decide(status, cause, frozenset({0}), asking)
 
 
 def chief_unreachable(judge: RestartJudge, s: Settings, error: Exception) -> Decision:

@@ -57,8 +57,8 @@ class Supervisor:
         superseded: Optional[Callable[[], Optional[str]]] = None,
     ) -> None:
         config = config or SupervisorConfig()
-        #: the chief's (``--min-nodes``): nodes asking to rejoin, and those it preempted for;
-        #: every node's: why the run directory's claims say this generation is over
+        #: ``--min-nodes``: nodes asking to rejoin (the chief preempts for them), those it
+        #: preempted for; why the run directory's claims say this generation is over
         self.joining, self.members, self.superseded = joining, members, superseded
         self._joiners: tuple[int, ...] = ()
         self._join_check_at = 0.0
@@ -173,7 +173,7 @@ class Supervisor:
         # A signal meanwhile waits for the next generation (_defer_signals).
         return handoff.node_decides(self.link, self.restarts, status, cause,
                                     self.verdict.chief_gone, self._next,
-                                    self.config.connect_timeout)
+                                    self.config.connect_timeout, self.joining)
 
     def _prepare_files(self) -> None:
         for d in (self.runtime.job_dir, self.runtime.status_dir, self.runtime.ipc_dir):
@@ -300,7 +300,8 @@ class Supervisor:
         why = self.superseded() if self.superseded is not None else None
         if why is not None:
             return [v.Superseded(why)]
-        if self.joining is not None and not self._joiners and self.verdict.listening:
+        if (self.joining is not None and self.info.is_chief and not self._joiners
+                and self.verdict.listening):
             self._joiners = tuple(n for n in self.joining() if n not in self.members)
             if self._joiners:
                 return [v.JoinRequested(self._joiners)]

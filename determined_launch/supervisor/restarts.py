@@ -150,11 +150,13 @@ def _decide(max_restarts: int, attempts: Sequence[Attempt], initial: Progress,
     last = attempts[-1]
     done = sum(not a.rejoined for a in attempts[:-1])  # restarts already made
     if last.rejoined:  # scale back up: not a failure, uses no restart
-        members = tuple(sorted(set(last.members) | set(last.joining)))
+        # (without a chief lost meanwhile: its survivors decide alone, and agree)
+        members = tuple(sorted((set(last.members) - set(last.lost)) | set(last.joining)))
         resume = last.end if last.end.checkpoint is not None else initial
         verb = "rejoins" if len(last.joining) == 1 else "rejoin"
-        return Decision(True, (f"{nodes(last.joining)} {verb}: continuing on {nodes(members)} "
-                               f"(generation {last.generation + 1}); resuming from "
+        gone = f" without {nodes(last.lost)}" if last.lost else ""
+        return Decision(True, (f"{nodes(last.joining)} {verb}: continuing on {nodes(members)}"
+                               f"{gone} (generation {last.generation + 1}); resuming from "
                                f"{resume.describe()}"),
                         resume=resume, generation=last.generation + 1, members=members)
     if last.status == EXIT_OK or (last.status == EXIT_PREEMPTED and not last.cause):
