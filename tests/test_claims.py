@@ -6,6 +6,7 @@ stand-in for the supervisor."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,26 @@ def test_a_rejoin_survives_the_loss_of_the_chief_that_preempted_for_it() -> None
     alone = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
     assert not handoff.node_decides(None, alone, EXIT_PREEMPTED, None, True, None,  # type: ignore[arg-type]
                                     1.0, lambda: ()).restart  # a plain preemption ends it
+
+
+def test_a_superseded_generation_stops_its_workers_without_a_checkpoint() -> None:
+    """Node 2 still runs generation 3 when generation 4 is claimed without
+    it: its workers are stopped at once (no preemption, so no checkpoint of
+    an old membership), the chief is told, and nobody restarts for it."""
+    from determined_launch.supervisor import verdict as v
+
+    verdict = v.Verdict(v.Settings(
+        role=v.Role.NODE, node=1, hosts=("h0", "h2"), roles=("worker",), names=("rank 1",),
+        preempt_signals=(), preempt_grace=30.0, kill_after=5.0, connect_timeout=300.0,
+        ids=(0, 2)), now=0.0)
+    verdict.handle(v.PreemptListening(), 1.0, 1001.0)
+    why = "generation 4 was claimed by nodes 0, 1 while this node ran generation 3"
+    out = verdict.handle(v.Superseded(why), 1.0, 1001.0)
+    assert v.SignalAll(signal.SIGTERM) in out
+    assert not any(isinstance(a, v.WritePreemptSignal) for a in out)
+    assert any(isinstance(a, v.SendToChief) and a.msg["type"] == v.Kind.FAILED for a in out)
+    cause = v.pick_cause(verdict.candidates)
+    assert cause is not None and cause.interrupt
+    assert cause.describe() == f"the launcher on node 2 (h2) stopped its generation: {why}"
+    j = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
+    assert not j.decide(143, cause).restart
