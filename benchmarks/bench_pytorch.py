@@ -30,8 +30,11 @@ interleaved round by round (medians reported):
   ``torch.save`` / ``torch.load`` + ``load_state_dict`` to the same disk.
 * **Preemption check per batch under 2 ranks**: the same Trainer run under
   ``det-launch --slots 2 torch``; every ``should_preempt`` call the loop
-  makes is timed on each rank (the per-batch ``block=False`` poll, and the
-  blocking agreement at reporting boundaries).
+  makes is timed on each rank (the ``block=False`` poll, and the blocking
+  agreement at reporting boundaries). Since the loop counts down the polls
+  core says return False (``PreemptContext.quiet_polls``), the ``block=False``
+  calls timed are only those at sync points, where the ranks agree; the
+  batches between them make no call.
 """
 
 from __future__ import annotations
