@@ -4,10 +4,10 @@ The loop trains batch after batch until a boundary (max_length, validation,
 checkpoint or reporting period) is reached; that ends a "workload": training
 metrics are aggregated and reported, then each reached boundary is acted on
 in order (spec 3.3/3.4). It owns the trial's counters (``state``) and four
-collaborators, each with its own state: ``BatchStep`` (one batch),
-``TrainingMetrics`` (a workload's metrics), ``Validator`` (with the
-``CheckpointPolicy``) and ``Checkpointer`` (save/restore). The context owns
-the fifth, ``Optimization`` (wrapped objects, backward/step, AMP).
+collaborators, each with its own state: ``BatchStep`` (the per-batch loop,
+run in segments between boundaries), ``TrainingMetrics`` (a workload's
+metrics), ``Validator`` (with the ``CheckpointPolicy``) and ``Checkpointer``
+(save/restore). The context owns the fifth, ``Optimization``.
 """
 
 from __future__ import annotations
@@ -335,9 +335,8 @@ class _PyTorchTrialController:
             writer.flush()
 
     # ------------------------------------------------------------ training
-    def _train_with_boundaries(
-        self, train_boundaries: list[_TrainBoundary]
-    ) -> tuple[list[_TrainBoundary], list[dict[str, Any]]]:
+    def _train_with_boundaries(self, train_boundaries: list[_TrainBoundary]
+                               ) -> tuple[list[_TrainBoundary], list[dict[str, Any]]]:
         """Train until a boundary is reached; returns the boundaries (with
         ``limit_reached`` set) and the per-batch metrics of this workload. Batches
         run in segments (``BatchStep.run``, a flat loop) up to the next count where
@@ -386,9 +385,8 @@ class _PyTorchTrialController:
             if end % epoch_len == 0:
                 step.epoch_end(epoch_idx)
                 state.epochs_trained += 1
-            reached = _units.check_boundaries(
-                train_boundaries, end - 1, epoch_len, test_mode=test_mode
-            )
+            reached = _units.check_boundaries(train_boundaries, end - 1, epoch_len,
+                                              test_mode=test_mode)
             if polled:
                 self._preempt_polled = reached = True
         self._next_batch = batch_idx
