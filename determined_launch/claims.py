@@ -257,6 +257,12 @@ class Claims:
         group = tuple(sorted(waiting | {me}))
         if newest is None or running or self.ended() or group[0] != me:
             return
+        try:  # a fresh claim: its members are starting it (their alive files say so soon)
+            claimed = self.dir / f"{newest.generation}.json"
+            if (self.dir / f"alive-{me}").stat().st_mtime - claimed.stat().st_mtime < ALIVE_STALE:
+                return
+        except OSError:
+            return
         self.claim(newest.generation + 1, group, newest.members, checkpoint=checkpoint,
                    steps=steps, restarts=newest.restarts + 1)
 

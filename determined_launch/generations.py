@@ -27,7 +27,15 @@ import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from determined_launch.claims import ALIVE_EVERY, JOINING, REJOIN, STARTING, Claims, arrival
+from determined_launch.claims import (
+    ALIVE_EVERY,
+    JOINING,
+    REJOIN,
+    STARTING,
+    Claim,
+    Claims,
+    arrival,
+)
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
@@ -232,9 +240,16 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                     gen, joining=claims.joiners,
                     superseded=functools.partial(claims.superseded, gen.number, gen.members))
             status, decision, deferred = one(gen)
-            if not decision.restart:
-                if claims is not None and judge is not None and _ends_job(judge, gen, claims):
+            if not decision.restart and claims is not None and judge is not None:
+                newer = claims.newest()  # superseded by a generation that takes this node in?
+                if newer is not None and newer.generation > gen.number and me in newer.members:
+                    running[0] = newer.generation
+                    claims.touch(me, running[0])
+                    gen = _take(info, judge, newer)
+                    continue
+                if _ends_job(judge, gen, claims):
                     claims.end()
+            if not decision.restart:
                 return status, gen.info
             members = decision.members or gen.members
             running[0] = decision.generation  # said before the claim: a returning node reads
@@ -308,17 +323,22 @@ def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
         if claim is not None and claim.generation < seen and me in claim.members:
             return Generation(0, info, tuple(range(info.num_nodes)), judge)  # a new job here
         if claim is not None and claim.generation > seen and me in claim.members:
-            start = Progress(claim.checkpoint, claim.steps)
-            judge.join_at(claim.generation, claim.members, start, claim.restarts)
-            return Generation(claim.generation,
-                              membership_info(info, claim.members, claim.checkpoint),
-                              claim.members, judge)
+            claims.touch(me, claim.generation)  # at once: nobody may take the job for orphaned
+            return _take(info, judge, claim)
         time.sleep(0.2)
     claims.forget_joins((me,))
     why = "the job ended" if claims.ended() else f"no generation took it within {timeout:g}s"
     _say(f"node {me} did not rejoin the running job: {why}; exit status 1 (the workers must "
          f"listen for preemption, core.init, for a node to rejoin)")
     return None
+
+
+def _take(info: ClusterInfo, judge: Restarts, claim: Claim) -> Generation:
+    """This node takes part in ``claim``'s generation, which others decided."""
+    judge.join_at(claim.generation, claim.members, Progress(claim.checkpoint, claim.steps),
+                  claim.restarts)
+    return Generation(claim.generation, membership_info(info, claim.members, claim.checkpoint),
+                      claim.members, judge)
 
 
 def _say(line: str) -> None:
