@@ -420,15 +420,3 @@ def test_checkpointer_saves_and_loads_into_a_fresh_context(tmp_path: pathlib.Pat
         with warm.restore_path(uuid) as path:
             assert warm.load(path).batches_trained == 0
 
-
-def test_batch_metrics_reach_core_as_the_same_json_text() -> None:
-    """The chief hands core its batch metrics with arrays as Python values (no
-    json fallback call per value): the JSON line is the same text."""
-    from determined_launch.core._rundir import dumps
-    from determined_launch.pytorch.metrics.training import _plain_batch_metrics
-
-    batches = [{"loss": np.array(0.1, np.float32), "n": np.array(3, np.int64),
-                "ok": np.array(True), "v": np.arange(3, dtype=np.float16), "x": 1.5}] * 3
-    plain = _plain_batch_metrics(batches)
-    assert dumps({"b": plain}) == dumps({"b": batches})
-    assert type(plain[0]["loss"]) is float and type(batches[0]["loss"]) is np.ndarray

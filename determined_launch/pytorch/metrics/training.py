@@ -28,15 +28,6 @@ def _average(values: list[Any]) -> Optional[float]:
         return None
 
 
-def _plain_batch_metrics(batch_metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The batch metrics with arrays as Python values (``tolist``), for core's JSON
-    line: the same text, without a ``json`` fallback call per value (100 batches'
-    line: 0.43 ms -> 0.17 ms + 0.08 ms for this, measured)."""
-    array = np.ndarray
-    return [{k: v.tolist() if type(v) is array else v for k, v in m.items()}
-            for m in batch_metrics]
-
-
 def pytorch_module() -> Any:
     # Looked up at call time: tests patch det.pytorch._log_tb_metrics.
     import determined_launch.pytorch as pt
@@ -82,8 +73,7 @@ class TrainingMetrics:
             avg.setdefault("batches", batches_trained)
             avg.setdefault("epochs", epochs_trained)
             self._train.report_training_metrics(
-                steps_completed=batches_trained, metrics=avg,
-                batch_metrics=_plain_batch_metrics(batch_metrics),
+                steps_completed=batches_trained, metrics=avg, batch_metrics=batch_metrics
             )
             progress.training_report(batches_trained, epochs_trained, avg)
             if self._context.get_enable_tensorboard_logging():
