@@ -248,3 +248,42 @@ def test_best_policy_with_searcher_metric(tmp_path: Path) -> None:
     # val_loss only decreases; "bigger is better" keeps the first validation's
     # checkpoint (2) and the final one (6).
     assert list(checkpoints(tmp_path)) == [2, 6]
+
+
+def test_batches_between_boundaries_call_no_function_of_the_trainer(tmp_path: Path) -> None:
+    """Issue 28 §1: between two model steps inside a segment (no boundary, no
+    epoch end) the Trainer runs no function of determined_launch.pytorch: one
+    flat loop. The layered path called BatchStep.__call__, start_batch,
+    to_device, _cpu_tensors and two generators of ours after every batch."""
+    import sys
+
+    import determined_launch
+    from tests.pytorch_fixtures.onevar import OneVarTrial
+
+    root = str(Path(determined_launch.__file__).parent / "pytorch")
+    after: list[int] = [-1]
+    calls: list[tuple[int, str]] = []
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        code = frame.f_code  # type: ignore[attr-defined]
+        if event == "call" and after[0] >= 0 and code.co_filename.startswith(root):
+            calls.append((after[0], code.co_name))
+
+    class Counted(OneVarTrial):
+        def train_batch(self, batch, epoch_idx, batch_idx):  # type: ignore[no-untyped-def]
+            after[0] = -1
+            out = super().train_batch(batch, epoch_idx, batch_idx)
+            if batch_idx == 0:
+                sys.setprofile(profile)
+            elif batch_idx == 11:  # the segment ends here (max_length): stop counting
+                sys.setprofile(None)
+                return out
+            after[0] = batch_idx
+            return out
+
+    try:
+        run_trial(tmp_path, Counted, max_length=pytorch.Batch(12))  # 16 batches an epoch
+    finally:
+        sys.setprofile(None)
+    assert calls == []
+    assert len(batch_metrics(tmp_path)) == 12
