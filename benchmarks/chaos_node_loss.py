@@ -13,11 +13,12 @@ same command a moment later (a requeued step), so it rejoins. After
 uninterrupted run's weight (within 1e-9), or, with fewer than K nodes left,
 with a clean failure line naming the lost nodes; no process may be left.
 
-Not part of the test suite: minutes at the default pace; at the ``--fast``
-pace (20-70 s a run) 2 of ~26 runs ended with no node finishing and 1 with a
-WRONG final weight (docs/elastic.md, "Known defects"); ``CHAOS_KEEP=DIR``
-keeps a bad run's logs.
-Run it by hand after changing the launcher's generations, claims or handoff.
+Paces: the default (kills 0.3-3 s apart, nodes back 0.5-2 s later, 150
+steps of 0.1 s: minutes a run), ``--fast`` (0.2-1 s, 0.2-0.8 s, 80 steps of
+0.05 s: 20-70 s) and ``--suite`` (0.1-0.5 s, 0.1-0.4 s, 60 steps of 0.04 s:
+the pace of tests/test_chaos_node_loss.py). ``CHAOS_KEEP=DIR`` keeps a bad
+run's logs. Results: BENCHMARKS.md ("Chaos"). Run it after changing the
+launcher's generations, claims or handoff.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import dataclasses
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -56,12 +58,23 @@ def reference(steps: int = STEPS) -> float:
 
 
 def free_base() -> int:
+    """A base port whose next two are free too (the chief binds all three;
+    a taken one fails its start with the documented port error)."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = int(s.getsockname()[1])
-        if base + 3 <= 65535:
+        if base + 3 <= 65535 and all(_free(base + i) for i in (1, 2)):
             return base
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +86,10 @@ class Pace:
     back_after: tuple[float, float] = (0.5, 2.0)
     steps: int = STEPS
     step_sleep: float = 0.1
+
+
+FAST = Pace(kill_gap=(0.2, 1.0), back_after=(0.2, 0.8), steps=80, step_sleep=0.05)
+SUITE = Pace(kill_gap=(0.1, 0.5), back_after=(0.1, 0.4), steps=60, step_sleep=0.04)
 
 
 def start(run: str, rank: int, port: int, mark: str, k: int, pace: Pace) -> subprocess.Popen[str]:
@@ -154,6 +171,13 @@ def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace
     return f"WRONG ({done} kills): finals {finals}, reference {want!r}\n{logs[-4000:]}"
 
 
+def children_cpu() -> float:
+    """CPU seconds of the launchers and workers this run waited for (the
+    machine is shared: wall time depends on the neighbours)."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20)
@@ -162,17 +186,20 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fast", action="store_true",
                    help="kills 0.2-1 s apart, nodes back after 0.2-0.8 s, 80 steps of 0.05 s")
+    p.add_argument("--suite", action="store_true",
+                   help="the test suite's pace: 0.1-0.5 s, 0.1-0.4 s, 60 steps of 0.04 s")
     args = p.parse_args()
-    pace = Pace(kill_gap=(0.2, 1.0), back_after=(0.2, 0.8), steps=80, step_sleep=0.05) \
-        if args.fast else Pace()
+    pace = FAST if args.fast else SUITE if args.suite else Pace()
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="chaos-node-loss-", dir=os.environ.get("CHAOS_KEEP"))
     bad = 0
     try:
         for i in range(args.runs):
+            began, cpu = time.monotonic(), children_cpu()
             verdict = one_run(args.kills, args.min_nodes, rng, work, pace)
             bad += not verdict.startswith(("exact", "clean"))
-            print(f"run {i}: {verdict}", flush=True)
+            print(f"run {i}: {verdict} [{time.monotonic() - began:.1f} s wall, "
+                  f"{children_cpu() - cpu:.1f} s CPU]", flush=True)
     finally:
         if not os.environ.get("CHAOS_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
