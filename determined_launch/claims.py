@@ -39,7 +39,7 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 #: under the run directory
 CLAIMS_DIR = "generations"
@@ -246,10 +246,13 @@ class Claims:
                     waiting.add(int(node))
         return running, waiting
 
-    def adopt(self, me: int, checkpoint: Optional[str], steps: Optional[int]) -> None:
+    def adopt(self, me: int,
+              progress: Callable[[], tuple[Optional[str], Optional[int]]]) -> None:
         """Waiting to rejoin a job that no launcher runs any more (all of its
         generation's launchers died): the lowest waiting node claims the next
-        generation for the waiting nodes, from the newest checkpoint, so the
+        generation for the waiting nodes, from the newest checkpoint
+        (``progress``: its id and steps, read only then: a waiting node calls
+        this 5 times a second, and the read may ask object storage), so the
         job goes on instead of everyone waiting for no one."""
         newest = self.newest()
         self.touch(me, JOINING)
@@ -263,6 +266,7 @@ class Claims:
                 return
         except OSError:
             return
+        checkpoint, steps = progress()
         self.claim(newest.generation + 1, group, newest.members, checkpoint=checkpoint,
                    steps=steps, restarts=newest.restarts + 1)
 

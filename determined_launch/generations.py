@@ -316,9 +316,13 @@ def _rejoin(info: ClusterInfo, judge: Restarts, claims: Claims,
     where = f" (generation {seen}, {nodes(newest.members)})" if newest else ""
     _say(f"the job runs here{where} without this launcher of node {me}: asking to rejoin at "
          f"its next checkpoint")
+    def progress() -> tuple[Optional[str], Optional[int]]:  # read only to adopt the job
+        now = judge.read()
+        return now.checkpoint, now.steps
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not claims.ended():
-        claims.adopt(me, *dataclasses.astuple(judge.read()))
+        claims.adopt(me, progress)
         claim = claims.newest()
         if claim is not None and claim.generation < seen and me in claim.members:
             return Generation(0, info, tuple(range(info.num_nodes)), judge)  # a new job here

@@ -148,24 +148,31 @@ def test_waiting_nodes_adopt_a_job_that_nobody_runs(tmp_path: Path) -> None:
 
     from determined_launch.claims import ALIVE_STALE, JOINING
 
+    reads: list[int] = []
+
+    def ck8() -> tuple[str, int]:
+        reads.append(1)
+        return "ck-8", 8
+
     c = Claims(tmp_path)
     c.start((0, 1, 2))
     assert c.claim(1, (0, 1), (0, 1, 2), restarts=1) is None
     c.touch(0, 1)  # node 0 runs generation 1; nodes 1 and 2 wait to rejoin
     c.touch(2, JOINING)
-    c.adopt(1, "ck-8", 8)
+    c.adopt(1, ck8)
     assert c.newest() == Claim(1, (0, 1), restarts=1)  # a launcher runs it: wait
     old = (tmp_path / "generations" / "alive-0").stat().st_mtime - ALIVE_STALE - 1
     os.utime(tmp_path / "generations" / "alive-0", (old, old))  # it died
-    c.adopt(1, "ck-8", 8)
+    c.adopt(1, ck8)
     # Generation 1 was claimed just now: its members may not have said so yet (a second
     # adoption stopped the first one's nodes in 2 of 17 chaos runs at the suite's pace).
     assert c.newest() == Claim(1, (0, 1), restarts=1)
     os.utime(tmp_path / "generations" / "1.json", (old, old))
-    c.adopt(2, "ck-8", 8)
+    c.adopt(2, ck8)
     assert c.newest() == Claim(1, (0, 1), restarts=1)  # node 1 is the lowest waiting
-    c.adopt(1, "ck-8", 8)
+    c.adopt(1, ck8)
     assert c.newest() == Claim(2, (1, 2), "ck-8", 8, restarts=2)
+    assert reads == [1]  # the checkpoint is read (maybe from object storage) only to adopt
 
 
 # ------------------------------------------------------------------ the generation loop
