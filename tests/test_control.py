@@ -253,3 +253,38 @@ def test_over_long_lines_are_rate_limited_like_other_rejects(
             s.close()
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) <= 1, logged
+
+
+def test_a_slow_drip_handshake_is_dropped_within_one_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 §12: a peer sending its nonce one byte at a time, each byte
+    within the per-recv timeout, held a connection (and a thread) for up to
+    33 timeouts (~330 s); the whole handshake now has one deadline."""
+    from determined_launch.supervisor import control
+
+    monkeypatch.setattr(control, "HEARTBEAT_TIMEOUT", 1.0)
+    link = ChiefLink("127.0.0.1", free_port_block(1), num_nodes=2, secret=SECRET)
+    try:
+        s = socket.create_connection(("127.0.0.1", port_of(link)))
+        s.recv(64)  # the chief's nonce
+        start, dropped = time.monotonic(), None
+        for _ in range(20):  # 6 s of drip (the old code: each byte reset a 1 s timeout)
+            try:
+                s.sendall(b"a")
+            except OSError:
+                dropped = time.monotonic() - start
+                break
+            s.settimeout(0.3)
+            try:
+                if s.recv(64) == b"":
+                    dropped = time.monotonic() - start
+                    break
+            except socket.timeout:
+                pass
+            except OSError:
+                dropped = time.monotonic() - start
+                break
+        s.close()
+        assert dropped is not None and dropped < 2.5, f"still connected after {dropped}"
+    finally:
+        link.close()

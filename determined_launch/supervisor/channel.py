@@ -153,13 +153,19 @@ def session_key(key: bytes, job: str, chief_nonce: str, node_nonce: str) -> byte
                     hashlib.sha256).digest()
 
 
-def read_nonce(sock: socket.socket) -> Optional[str]:
+def read_nonce(sock: socket.socket, deadline: Optional[float] = None) -> Optional[str]:
     """The peer's plain nonce line, byte by byte (what follows is the stream's);
-    ``None`` unless it is exactly a nonce."""
+    ``None`` unless it is exactly a nonce. ``deadline`` (``time.monotonic``)
+    bounds the whole line, not each byte: ``socket.timeout`` once it passes."""
     raw = b""
     while not raw.endswith(b"\n"):
         if len(raw) > 2 * _NONCE_BYTES:
             return None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the handshake's deadline passed")
+            sock.settimeout(left)
         chunk = sock.recv(1)
         if not chunk:
             raise ConnectionError("the peer closed the connection")

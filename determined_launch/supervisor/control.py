@@ -34,8 +34,11 @@ from determined_launch.supervisor.events import Kind, Message, message
 logger = logging.getLogger("determined_launch.control")
 
 HEARTBEAT_INTERVAL = 1.0
-#: A peer silent for this long is declared lost (its host died or hung).
+#: A peer silent for this long is declared lost (its host died or hung); also the
+#: deadline of a whole handshake.
 HEARTBEAT_TIMEOUT = 10.0
+#: Connections of the chief's port still in their handshake, at most (each a thread).
+_MAX_HANDSHAKES = 64
 
 def _closed(peer: str) -> str:
     """How a lost peer (a launcher; an experiment's worker) is described in the summary."""
@@ -95,6 +98,7 @@ class ChiefLink(ControlLink):
         self.num_nodes = num_nodes
         self.streams: dict[int, AuthenticatedStream] = {}
         self._lock = threading.Lock()
+        self._handshakes = threading.BoundedSemaphore(_MAX_HANDSHAKES)
         self.listener = _listen(bind_host, port, peer)
         self._spawn(self._accept_loop)
         self._spawn(self._heartbeat_loop)
@@ -113,28 +117,47 @@ class ChiefLink(ControlLink):
                 continue
             except OSError:
                 return
-            self._spawn(self._serve, sock)
+            # Unauthenticated peers hold at most _MAX_HANDSHAKES threads, each at most
+            # one handshake deadline; more are hung up on at once (a node retries).
+            if not self._handshakes.acquire(blocking=False):
+                sock.close()
+                continue
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        try:
+            first = self._handshake(sock)
+        finally:
+            self._handshakes.release()  # authenticated or gone: no longer a handshake
+        if first is not None:
+            self._serve_node(*first)
+
+    def _handshake(self, sock: socket.socket
+                   ) -> Optional[tuple[AuthenticatedStream, Optional[list[Message]]]]:
+        """Nonces, then the first authenticated lines, within ONE deadline for
+        the whole exchange (a peer dripping a byte at a time cannot stretch it)."""
+        deadline = time.monotonic() + HEARTBEAT_TIMEOUT
         nonce = new_nonce()
         try:
-            sock.sendall(f"{nonce}\n".encode())
             sock.settimeout(HEARTBEAT_TIMEOUT)
-            theirs = read_nonce(sock)
+            sock.sendall(f"{nonce}\n".encode())
+            theirs = read_nonce(sock, deadline)
         except OSError:
             sock.close()
-            return
+            return None
         if theirs is None:
             sock.close()
-            return
+            return None
         stream = AuthenticatedStream(sock, session_key(self.key, self.job, nonce, theirs),
                                      f"{nonce}.{theirs}", is_chief=True)
         try:
             stream.send(message(Kind.HEARTBEAT))  # proves this chief holds the key, now
-            first = _read_first(stream)
+            return stream, _read_first(stream, deadline)
         except OSError:
             stream.close()
-            return
+            return None
+
+    def _serve_node(self, stream: AuthenticatedStream, first: Optional[list[Message]]) -> None:
         hello = first[0] if first else None
         node = hello.get("node") if hello else None
         if not hello or hello.get("type") != Kind.HELLO or not isinstance(node, int):
@@ -289,11 +312,10 @@ def job_identity(port: int, num_nodes: int) -> str:
     return f"control port {port}, {num_nodes} nodes"
 
 
-def _read_first(stream: AuthenticatedStream, timeout: float = HEARTBEAT_TIMEOUT
-                ) -> Optional[list[Message]]:
-    """The first authenticated lines (those that came with it too)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _read_first(stream: AuthenticatedStream, deadline: float) -> Optional[list[Message]]:
+    """The first authenticated lines (those that came with it too), by ``deadline``."""
+    while (left := deadline - time.monotonic()) > 0:
+        stream.sock.settimeout(left)
         msgs = stream.recv_lines()
         if msgs is None:
             return None
@@ -341,9 +363,10 @@ def _connect(host: str, port: int, link: NodeLink, timeout: float
             last_error = e
             time.sleep(0.2)
             continue
-        try:
-            sock.settimeout(min(HEARTBEAT_TIMEOUT, max(deadline - time.monotonic(), 0.5)))
-            theirs = read_nonce(sock)
+        try:  # one deadline for the whole handshake, as on the chief's side
+            until = time.monotonic() + min(HEARTBEAT_TIMEOUT, max(deadline - time.monotonic(), 0.5))
+            sock.settimeout(until - time.monotonic())
+            theirs = read_nonce(sock, until)
             if theirs is None:
                 raise ConnectionError("the peer sent no nonce")
             mine = new_nonce()
@@ -351,7 +374,7 @@ def _connect(host: str, port: int, link: NodeLink, timeout: float
             stream = AuthenticatedStream(sock, session_key(link.key, link.job, theirs, mine),
                                          f"{theirs}.{mine}", is_chief=False)
             stream.send(message(Kind.HELLO, node=link.node_rank))
-            first = _read_first(stream, sock.gettimeout() or HEARTBEAT_TIMEOUT)
+            first = _read_first(stream, until)
             if first is not None:
                 return stream, first
             last_error = _Unproven("it answered but never proved the job secret: is "
