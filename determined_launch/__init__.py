@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from determined_launch.launcher import launch_per_slot
     from determined_launch.pytorch._units import Batches, Epochs
 
+    __version__: str
+
 from determined_launch._user import LOG_FORMAT
 
 #: attribute -> the module that defines it (or is it)
@@ -59,7 +61,21 @@ _LAZY = {
 }
 
 
+def _version() -> str:
+    """pyproject.toml's ``version``, as the installed package's metadata says it:
+    the one source ``__version__``, ``det-launch --version`` and checkpoint
+    metadata read. A checkout on ``PYTHONPATH``, never installed, has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("determined_launch")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read on use: importlib.metadata costs ~10 ms at import
+        return _version()
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'determined_launch' has no attribute {name!r}")
@@ -68,6 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "__version__",
     "LOG_FORMAT",
     "Batches",
     "ClusterInfo",
