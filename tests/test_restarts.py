@@ -88,6 +88,17 @@ def test_the_same_failure_at_the_same_point_stops_early() -> None:
            "steps_completed 4)" in d.why
 
 
+def test_two_deaths_by_signal_at_the_same_point_are_not_a_repeat() -> None:
+    """Two unrelated SIGKILLs (OOM killer, an operator) within one checkpoint
+    interval: a signal says nothing about determinism, so restarts go on until used up."""
+    for status in (137, 139, 143):
+        attempts = [attempt(0, status, end=C4), attempt(1, status, start=C4, end=C4)]
+        d = decide(5, attempts, NONE)
+        assert d.restart and not d.repeated, status
+    attempts = [attempt(0, 137, end=C4), attempt(1, 137, start=C4, end=C4)]
+    assert not decide(1, attempts, NONE).restart  # the budget still bounds them
+
+
 def test_a_different_status_or_a_new_checkpoint_is_not_a_repeat() -> None:
     assert decide(5, [attempt(0, end=C4), attempt(1, 134, start=C4, end=C4)], NONE).restart
     assert decide(5, [attempt(0, end=C4), attempt(1, start=C4, end=C8)], NONE).restart

@@ -24,7 +24,11 @@ Rules, in order:
 * a failure that repeats at the same point stops early: the same exit status
   as the failure before it, and no checkpoint committed since that restart
   (the restart resumed from the same checkpoint and got nowhere), so a further
-  restart would replay the same steps and fail the same way.
+  restart would replay the same steps and fail the same way. Only the
+  program's own exit statuses count: a death by a signal (128+N: SIGKILL by
+  the OOM killer or an operator, a SIGSEGV of a flaky driver) says nothing
+  about the program's determinism, so two unrelated kills within one
+  checkpoint interval use restarts like any other failure.
 """
 
 from __future__ import annotations
@@ -116,11 +120,17 @@ class Decision:
                    tuple(members))
 
 
+#: exit statuses a launcher reports for a death by signal N (128+N, as shells do)
+SIGNAL_STATUSES = range(129, 129 + 64)
+
+
 def repeated(previous: Attempt, last: Attempt) -> bool:
     """``last`` failed as ``previous`` did, at the same point: same status,
-    and the restart between them committed no checkpoint."""
-    return (last.status == previous.status and last.start == last.end
-            and previous.end == last.start and not (previous.node_lost or previous.lost))
+    which the program chose itself (not a death by a signal), and the restart
+    between them committed no checkpoint."""
+    return (last.status == previous.status and last.status not in SIGNAL_STATUSES
+            and last.start == last.end and previous.end == last.start
+            and not (previous.node_lost or previous.lost))
 
 
 def nodes(ranks: Sequence[int]) -> str:
