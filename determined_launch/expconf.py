@@ -223,8 +223,9 @@ def _searcher(raw: Any, where: str) -> SearcherConfig:
         max_trials = _int(max_trials, f"{where}: searcher.max_trials", minimum=1)
     else:
         max_trials = 0  # the grid's size, known once the space is
-    concurrent = _int(raw.get("max_concurrent_trials", 1), f"{where}: "
-                      "searcher.max_concurrent_trials", minimum=0) or 1
+    # 0: unset (det-launch experiment's default: experiment/concurrency.py)
+    concurrent = _int(raw.get("max_concurrent_trials", 0), f"{where}: "
+                      "searcher.max_concurrent_trials", minimum=0)
     out = SearcherConfig(name=name, metric=metric, smaller_is_better=smaller,
                          max_length=max_length, unit=unit, time_metric=time_metric,
                          max_trials=max_trials, max_concurrent_trials=concurrent)

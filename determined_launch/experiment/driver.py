@@ -9,17 +9,17 @@ is claimed by writing its owner into the study.
 Resume: a trial left RUNNING by a process that died (same host and its pid
 gone, or no heartbeat for ``LEASE`` seconds) is claimed again and rerun
 with ``latest_checkpoint`` set, so it continues from its last checkpoint.
-Finished trials (complete, stopped by ASHA, invalid, failed) are never rerun.
+A failed trial is retried the same way by the next run of the experiment
+(owners.py). Finished trials (complete, stopped by ASHA, invalid) are never rerun.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import math
 import pathlib
 import signal
-import socket
 import time
 import zlib
 from collections.abc import Sequence
@@ -31,6 +31,20 @@ from determined_launch.core.trackers import end_abandoned
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
+from determined_launch.experiment.owners import (  # noqa: F401  (ATTR_*, owner_alive: re-exported)
+    ATTR_BEAT,
+    ATTR_FAILED,
+    ATTR_OWNER,
+    ATTR_SLOT,
+    HEARTBEAT,
+    LEASE,
+    claim,
+    is_failed,
+    mark_failed,
+    owner_alive,
+    owner_id,
+    to_retry,
+)
 from determined_launch.experiment.trial import (
     EXPERIMENT_ENV,  # noqa: F401  (re-exported: where the experiment's variables are kept)
     MetricError,
@@ -43,15 +57,8 @@ from determined_launch.experiment.trial import (
 )
 from determined_launch.values import plain
 
-#: seconds between heartbeats of a running trial's owner
-HEARTBEAT = 10.0
-#: a RUNNING trial whose owner has not beaten for this long is abandoned
-LEASE = 60.0
 #: seconds between looks at the running trials (a stat of two files each)
 POLL = 0.02
-ATTR_OWNER = "det_owner"
-ATTR_BEAT = "det_heartbeat"
-ATTR_SLOT = "det_slot"
 
 
 def past_the_end(length: int, searcher: SearcherConfig) -> bool:
@@ -79,30 +86,14 @@ class DriverSetup:
     args: Sequence[str]
     concurrency: int
     checkpoint_storage: str
+    #: CUDA_VISIBLE_DEVICES of each GPU group for trials at once (concurrency.py); [] none
+    gpu_groups: Sequence[str] = ()
     on_event: Callable[[str], None] = print
     #: signals that preempt the experiment (the launcher's --preempt-signals; SIGINT too)
     signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
     #: called before each start of a trial's launcher; its variables go to that launcher
     before_start: Optional[Callable[[TrialProcess], dict[str, str]]] = None
 
-
-
-def owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{time.time():.3f}"
-
-
-def owner_alive(owner: str, beat: float, now: float) -> bool:
-    host, _, rest = owner.partition(":")
-    pid = rest.split(":", 1)[0]
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return now - beat < LEASE * 10  # a recycled pid of a stuck host is still bounded
-    return now - beat < LEASE
 
 
 class Driver:
@@ -127,8 +118,11 @@ class Driver:
         self._failed_as: dict[int, Optional[tuple[int, str]]] = {}
         self.stopping = 0  # number of stop signals received
         self.error: Optional[LaunchError] = None
-        self.failures = 0
         self._beat = time.monotonic()
+        #: failed trials of an earlier run, retried before new ones (_claim_retry)
+        self._retry = to_retry(self._trials(), time.time())
+        self._retrying: dict[int, str] = {}  # number -> how it had failed
+        self._gpus: dict[int, str] = {}  # number -> its GPU group (gpu_groups)
 
     # -- choosing the next trial -------------------------------------------------
 
@@ -151,16 +145,31 @@ class Driver:
                 self._drop_unborn(t, now)
                 continue
             owner = str(t.user_attrs.get(ATTR_OWNER, ""))
-            if owner and owner_alive(owner, float(t.user_attrs.get(ATTR_BEAT, 0)), now):
-                continue
-            trial = self.optuna.trial.Trial(self.study, t._trial_id)
-            trial.set_user_attr(ATTR_OWNER, self.owner)
-            trial.set_user_attr(ATTR_BEAT, time.time())
-            time.sleep(0.2)  # two claimers: the later write wins, and both read it back
-            latest = self.study._storage.get_trial(t._trial_id)
-            if latest.user_attrs.get(ATTR_OWNER) == self.owner and latest.state.name == "RUNNING":
+            if t.user_attrs.get(ATTR_FAILED) or (
+                    owner and owner_alive(owner, float(t.user_attrs.get(ATTR_BEAT, 0)), now)):
+                continue  # a failed trial waits for a rerun (_claim_retry)
+            trial = claim(self.study, self.optuna, t, self.owner)
+            if trial is not None:
                 self.s.on_event(f"trial {t.number + 1}: resuming (its last owner stopped)")
                 return trial
+        return None
+
+    def _claim_retry(self) -> Optional[Any]:
+        """A failed trial of an earlier run of the experiment (``owners.to_retry``),
+        retried from its latest checkpoint with its ``max_restarts`` anew."""
+        while self._retry:
+            t = self.study._storage.get_trial(
+                self.study._storage.get_trial_id_from_study_id_trial_number(
+                    self.study._study_id, self._retry.pop(0)))
+            if t.state.name != "RUNNING" or not t.user_attrs.get(ATTR_FAILED):
+                continue
+            trial = claim(self.study, self.optuna, t, self.owner)
+            if trial is None:
+                continue  # another rerun took it
+            trial.set_user_attr(ATTR_FAILED, False)
+            trial.set_user_attr(se.ATTR_RESTARTS, 0)
+            self._retrying[t.number] = str(t.user_attrs.get(se.ATTR_ERROR) or "failed")
+            return trial
         return None
 
     def _drop_unborn(self, t: Any, now: float) -> None:
@@ -201,7 +210,7 @@ class Driver:
         return trial
 
     def next_trial(self) -> Optional[Any]:
-        return self._claim_abandoned() or self._ask()
+        return self._claim_abandoned() or self._claim_retry() or self._ask()
 
     # -- running -----------------------------------------------------------------
 
@@ -218,11 +227,20 @@ class Driver:
                             searcher.time_metric)
         proc.seen = dict(self.study._storage.get_trial(trial._trial_id).intermediate_values)
         env = trial_env(searcher)
+        if self.s.gpu_groups:  # trials at once train on GPUs of their own
+            used = [self._gpus.get(n) for n in self.running]
+            group = min(self.s.gpu_groups, key=used.count)
+            self._gpus[trial.number] = env["CUDA_VISIBLE_DEVICES"] = group
         if self.s.before_start is not None:  # a multi-node trial: its other nodes start too
             env.update(self.s.before_start(proc))
         proc.start(self.s.info, launcher_argv(self.s.flags, self.s.command, self.s.args),
                    env, self.s.checkpoint_storage)
         self.running[trial.number] = (trial, proc)
+        failed = self._retrying.pop(trial.number, None)
+        if failed is not None:
+            self.s.on_event(f"trial {proc.spec.trial_id}: retrying (it failed: {failed}) "
+                            + (f"from its latest checkpoint {proc.resumed_from}"
+                               if proc.resumed_from else "from the start (no checkpoint)"))
         self.s.on_event(f"trial {proc.spec.trial_id}: started, hparams "
                         f"{json.dumps(proc.spec.hparams, sort_keys=True)}")
 
@@ -268,8 +286,7 @@ class Driver:
             self.study.tell(trial, state=states.PRUNED)
             return
         if reason == "error":
-            trial.set_user_attr(se.ATTR_ERROR, str(self.error))
-            self.study.tell(trial, state=states.FAIL)
+            mark_failed(trial, str(self.error))
             return
         if reason == "driver" or (code == EXIT_PREEMPTED and reason is None):
             trial.set_user_attr(ATTR_OWNER, "")  # any worker may resume it now
@@ -283,12 +300,13 @@ class Driver:
             self.s.on_event(f"trial {tid}: invalid hyperparameters (det.InvalidHP)")
             return
         if code in (0, EXIT_PREEMPTED) and reason in (None, "done"):
-            if value is None:
-                trial.set_user_attr(se.ATTR_ERROR, f"reported no {self.s.conf.searcher.metric}")
-                self.study.tell(trial, state=states.FAIL)
-                self.failures += 1
-                self.s.on_event(f"trial {tid}: finished without reporting "
-                                f"{self.s.conf.searcher.metric!r}; see {proc.log_path}")
+            if value is None:  # completed, as in Determined; nothing to rank it by
+                trial.set_user_attr(se.ATTR_NO_METRIC, True)
+                self.study.tell(trial, math.inf if self.s.conf.searcher.smaller_is_better
+                                else -math.inf)
+                self.s.on_event(f"trial {tid}: completed; warning: it reported no validation "
+                                f"metric {self.s.conf.searcher.metric!r} (searcher.metric), so "
+                                "the searcher cannot rank it")
                 return
             self.study.tell(trial, value)
             self.s.on_event(f"trial {tid}: completed, {self.s.conf.searcher.metric}="
@@ -318,10 +336,8 @@ class Driver:
         else:
             self.s.on_event(f"trial {tid}: failed with exit status {code}; see {proc.log_path}"
                             f"\n{ended}")
-        trial.set_user_attr(se.ATTR_ERROR, f"exit status {code}" + (
+        mark_failed(trial, f"exit status {code}" + (
             " (the same failure after a restart)" if again else ""))
-        self.study.tell(trial, state=states.FAIL)
-        self.failures += 1
         ended_run = end_abandoned(proc.run_dir)  # a killed trial's MLflow run says RUNNING
         if ended_run:
             self.s.on_event(f"trial {tid}: {ended_run}")
@@ -378,10 +394,14 @@ class Driver:
             raise self.error
         if self.stopping:
             return EXIT_PREEMPTED
-        return 1 if self.failures and not self._succeeded() else 0
+        return 1 if self._failed() else 0
 
-    def _succeeded(self) -> bool:
-        return any(t.state.name in ("COMPLETE", "PRUNED") for t in self._trials())
+    def _failed(self) -> bool:
+        """The experiment failed: a trial failed and none completed (the study's
+        view, so a rerun that ran nothing new still says how the experiment ended)."""
+        trials = self._trials()
+        return (any(is_failed(t) for t in trials)
+                and not any(t.state.name in ("COMPLETE", "PRUNED") for t in trials))
 
 
 def _suggest(trial: Any, name: str, dist: Any) -> Any:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.driver import ATTR_BEAT, ATTR_OWNER, owner_alive
+from determined_launch.experiment.owners import ATTR_BEAT, ATTR_FAILED, ATTR_OWNER, owner_alive
 from determined_launch.experiment.trial import latest_checkpoint, trial_metric, write_private
 from determined_launch.values import plain
 
@@ -31,6 +31,8 @@ def state_of(t: Any, now: Optional[float] = None) -> str:
     "paused": rerunning the experiment's command resumes it."""
     if t.user_attrs.get(se.ATTR_INVALID):
         return "invalid hparams"
+    if t.state.name == "RUNNING" and t.user_attrs.get(ATTR_FAILED):
+        return "failed"  # kept open for a rerun to retry (owners.py)
     if t.state.name == "RUNNING":
         owner = str(t.user_attrs.get(ATTR_OWNER, ""))
         beat = float(t.user_attrs.get(ATTR_BEAT, 0) or 0)
@@ -51,8 +53,11 @@ def hparams_of(t: Any) -> dict[str, Any]:
 def best_value(t: Any, smaller: bool) -> Optional[float]:
     """The trial's searcher metric (``trial.trial_metric``): its best
     reported validation value, or what the study was told when it has no
-    reports (a trial recorded by an older version)."""
+    reports (a trial recorded by an older version). None for a trial that
+    completed without reporting it (the study holds the worst value)."""
     values = list(t.intermediate_values.values())
+    if not values and t.user_attrs.get(se.ATTR_NO_METRIC):
+        return None
     if not values and t.value is not None:
         values.append(t.value)
     return trial_metric(values, smaller)

@@ -26,6 +26,11 @@ from determined_launch.experiment.command import (
     trial_identity_env,
     unused_fields,
 )
+from determined_launch.experiment.concurrency import (
+    default_concurrency,
+    gpu_groups,
+    visible_gpus,
+)
 from determined_launch.experiment.driver import (
     Driver,
     DriverSetup,
@@ -114,10 +119,6 @@ class _Live:
 def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequence[str]) -> int:
     refuse_trial_identity(ns)
     conf = expconf.load(ns.config_path)
-    if ns.worker and opts["max_concurrent"] is None:
-        concurrency = 1
-    else:
-        concurrency = opts["max_concurrent"] or conf.searcher.max_concurrent_trials
     if command:
         sub, args = command[0], list(command[1:])
     elif conf.entrypoint is not None:
@@ -127,13 +128,20 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     resolved = config.resolve(os.environ, config.flag_values(ns))
     options = LauncherOptions.from_values(resolved, detector=ns.detector,
                                           disabled_detectors=tuple(ns.disable_detector))
-    gang = _cluster(options, conf)
+    gang, node_slots = _cluster(options, conf)
     if gang is None:
         print("det-launch experiment: this node is left over (the allocation's nodes are not a "
               "multiple of a trial's); nothing to run here", flush=True)
         return 0
-    if gang.nodes > 1:
-        concurrency = 1  # every trial takes the whole group
+    trial_slots = gang.info.slots_per_node
+    if opts["max_concurrent"] is not None:
+        concurrency = opts["max_concurrent"]
+    elif ns.worker or gang.nodes > 1:  # a worker runs one; a multi-node trial takes the group
+        concurrency = 1
+    elif conf.searcher.max_concurrent_trials:
+        concurrency = conf.searcher.max_concurrent_trials  # the user's number, as asked
+    else:
+        concurrency = default_concurrency(0, node_slots, trial_slots)
     node = gang.rank > 0  # a multi-node trial's other node: it never reads the study
     if conf.checkpoint_storage is not None:  # one line now, not a failing trial per restart
         check_storage(parse_storage(conf.checkpoint_storage, where=str(conf.path)),
@@ -172,6 +180,8 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     setup = DriverSetup(conf=conf, exp_dir=exp_dir, storage_url=opts["study_storage"],
                         info=gang.info, flags=trial_flags(ns), command=sub, args=args,
                         concurrency=concurrency,
+                        gpu_groups=gpu_groups(visible_gpus(os.environ), trial_slots,
+                                              concurrency) if gang.nodes == 1 else [],
                         checkpoint_storage=_checkpoint_storage(conf, exp_dir),
                         on_event=event, signals=tuple(resolved["preempt_signals"]),
                         before_start=chief.before_start if chief is not None else None)
@@ -203,21 +213,26 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     return status
 
 
-def _cluster(options: LauncherOptions, conf: expconf.ExperimentConfig) -> Optional[Gang]:
-    """This node's place in the allocation (``None``: left over).
-    ``slots_per_trial`` is this node's slots on a single node; on several,
-    the scheduler's (or ``--slots``) slots per node stand and it counts the
-    nodes of each trial (experiment/gang.py)."""
+def _cluster(options: LauncherOptions, conf: expconf.ExperimentConfig
+             ) -> tuple[Optional[Gang], int]:
+    """This node's place in the allocation (``None``: left over) and its slots.
+    On a single node a trial's info has its own slots: ``--slots``, else
+    ``slots_per_trial``, else 1 (Determined's default), and the node's slots
+    (detected without ``--slots``) say how many such trials fit at once; on
+    several nodes the scheduler's (or ``--slots``) slots per node stand and
+    ``slots_per_trial`` counts the nodes of each trial (experiment/gang.py)."""
     def found(o: LauncherOptions) -> ClusterInfo:
         return detect(detection_env(o, os.environ), force=o.detector,
                       disable=o.disabled_detectors).info
 
     info = found(options)
-    if info.single_node and options.slots is None and conf.slots_per_trial is not None:
-        info = found(dataclasses.replace(options, slots=conf.slots_per_trial))
-    if info.single_node:
-        return Gang(nodes=1, group=0, rank=0, info=info)
-    return trial_gang(conf.slots_per_trial, info, str(conf.path))
+    if not info.single_node:
+        return trial_gang(conf.slots_per_trial, info, str(conf.path)), info.slots_per_node
+    node = info if options.slots is None else found(dataclasses.replace(options, slots=None))
+    per = options.slots or conf.slots_per_trial or 1
+    if per != info.slots_per_node:
+        info = found(dataclasses.replace(options, slots=per))
+    return Gang(nodes=1, group=0, rank=0, info=info), node.slots_per_node
 
 
 def _say(text: str) -> None:
@@ -244,7 +259,9 @@ def _final(trials: Sequence[Any], exp_dir: pathlib.Path, conf: expconf.Experimen
         print(f"det-launch experiment: plot {plot}")
     best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
     if best is None:
-        print("det-launch experiment: no completed trial yet")
+        done = any(report.state_of(t) == "completed" for t in trials)
+        print(f"det-launch experiment: no best trial: no completed trial reported {s.metric!r}"
+              if done else "det-launch experiment: no completed trial yet")
         return
     path = report.write_best(best, exp_dir)
     print(f"det-launch experiment: best trial {best['trial_id']}: {s.metric}="

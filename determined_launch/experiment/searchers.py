@@ -42,6 +42,7 @@ ATTR_INVALID = "det_invalid_hp"
 ATTR_ERROR = "det_error"
 ATTR_RESTARTS = "det_restarts"  # failures restarted from the last checkpoint (max_restarts)
 ATTR_HPARAMS = "det_hparams"  # the searched values (dotted paths), for tables and plots
+ATTR_NO_METRIC = "det_no_metric"  # completed without reporting searcher.metric (worst value)
 _PRIMITIVE = (type(None), bool, int, float, str)
 
 

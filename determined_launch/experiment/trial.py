@@ -273,14 +273,15 @@ class TrialProcess:
         return isinstance(data, dict) and data.get("reason") in INVALID_HP_REASONS
 
     def tail(self, lines: int = 5) -> str:
-        """The last lines of this run's output (not of the runs before a restart)."""
+        """How this run's output ended (not the runs before a restart): from the
+        genuine first failure when the launcher named one (``failure_tail``)."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(self._log_start)
+                f.seek(max(self._log_start, f.seek(0, 2) - TAIL_BYTES))
                 text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.rstrip().splitlines()[-lines:])
+        return failure_tail(text, lines)
 
     def failure_key(self, code: int) -> Optional[tuple[int, str]]:
         """What identifies this run's failure when it made no progress (no new
@@ -290,6 +291,31 @@ class TrialProcess:
         if self.reports or latest_checkpoint(self.run_dir) != self.resumed_from:
             return None
         return code, re.sub(r"\d+", "#", self.tail())
+
+
+#: how much of a run's output is read for its tail (a log may be gigabytes)
+TAIL_BYTES = 1 << 20
+#: the launcher's summary of a failed job names the rank that failed first
+_FIRST_FAILURE = re.compile(r"det-launch: job failed: rank (\d+) on node \d+ ")
+
+
+def failure_tail(text: str, lines: int) -> str:
+    """The last ``lines`` of a run's output, from its genuine first failure: when
+    the launcher's summary names the rank that failed first, that rank's last
+    lines and the summary, not the other ranks' teardown that followed ("lost the
+    connection to rank 0"). Its lines are the ``[rank=N] `` ones of this log (a
+    rank of another node of a multi-node trial writes elsewhere: then the last
+    lines, as without a summary)."""
+    all_lines = text.rstrip().splitlines()
+    for summary in reversed(all_lines[-50:]):  # the summary is among the launcher's last lines
+        m = _FIRST_FAILURE.match(summary)
+        if m is None:
+            continue
+        own = [line for line in all_lines if line.startswith(f"[rank={m.group(1)}] ")]
+        if own:
+            return "\n".join([*own[-(lines - 1):], summary] if lines > 1 else [summary])
+        break
+    return "\n".join(all_lines[-lines:])
 
 
 def _term_with_parent() -> None:

@@ -42,7 +42,7 @@ def pause_experiment(api: Api, name: str) -> Optional[dict[str, Any]]:
                           "the machine where it runs")
     record = files.read_json(os.path.join(exp_dir, "experiment.json"), api.roots) or {}
     running = [t.number + 1 for t in api.studies.trials(exp_dir, record)
-               if t.state.name == "RUNNING"]
+               if t.state.name == "RUNNING" and not t.user_attrs.get("det_failed")]
     asked = [tid for tid in running if _request_stop(api, exp_dir, tid)]
     if not asked:
         raise ActionError(f"experiment {name} has no running trial to pause")
