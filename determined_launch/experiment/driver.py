@@ -30,7 +30,7 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.trackers import end_abandoned
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.experiment import searchers as se
-from determined_launch.experiment.expconf import ExperimentConfig, SearcherConfig
+from determined_launch.experiment.expconf import ExperimentConfig
 from determined_launch.experiment.owners import (  # noqa: F401  (ATTR_*, owner_alive: re-exported)
     ATTR_BEAT,
     ATTR_FAILED,
@@ -45,6 +45,8 @@ from determined_launch.experiment.owners import (  # noqa: F401  (ATTR_*, owner_
     owner_id,
     to_retry,
 )
+from determined_launch.experiment.report import stopped_line
+from determined_launch.experiment.searchers import past_the_end  # noqa: F401  (re-exported)
 from determined_launch.experiment.trial import (
     EXPERIMENT_ENV,  # noqa: F401  (re-exported: where the experiment's variables are kept)
     MetricError,
@@ -59,20 +61,6 @@ from determined_launch.values import plain
 
 #: seconds between looks at the running trials (a stat of two files each)
 POLL = 0.02
-
-
-def past_the_end(length: int, searcher: SearcherConfig) -> bool:
-    """Whether a report at ``length`` ends the trial.
-
-    0.38's ``time_metric`` + ``max_time``: the reported length *is* the time
-    metric, in the unit of ``max_time``, so the searcher ends the trial there.
-    With ``max_length`` the script trains its own length (``operations()``)
-    and counts its steps in a unit of its own (seed 000's count batches while
-    ``max_length`` says epochs): comparing the two could stop a trial early,
-    so, as in Determined 0.38, ``max_length`` never stops a trial.
-    """
-    top = searcher.max_length
-    return searcher.time_metric is not None and top is not None and length >= top
 
 
 @dataclasses.dataclass
@@ -200,7 +188,7 @@ class Driver:
         if self.search.brackets:
             trial.set_user_attr(se.ATTR_BRACKET, se.bracket_of(slot, self.search.per_bracket))
         for name, dist in self.search.distributions().items():
-            _suggest(trial, name, dist)
+            se.suggest(trial, name, dist)
         searched = self.search.searched(trial.params)
         try:
             json.dumps(searched)
@@ -261,9 +249,8 @@ class Driver:
             if self._past_the_end(r.length):
                 proc.request_stop("done")
             elif self.search.brackets and trial.should_prune():
-                proc.request_stop("pruned")
-                self.s.on_event(f"trial {proc.spec.trial_id}: stopped by ASHA at length "
-                                f"{r.length} ({self.s.conf.searcher.metric}={plain(r.value)})")
+                proc.request_stop("pruned")  # said when it has stopped (_finish)
+                proc.stopped_at = r
 
     def _past_the_end(self, length: int) -> bool:
         return past_the_end(length, self.s.conf.searcher)
@@ -284,6 +271,7 @@ class Driver:
         reason = proc.stop_reason
         if reason == "pruned":
             self.study.tell(trial, state=states.PRUNED)
+            self.s.on_event(stopped_line(proc, self.s.conf.searcher.metric))
             return
         if reason == "error":
             mark_failed(trial, str(self.error))
@@ -402,15 +390,6 @@ class Driver:
         trials = self._trials()
         return (any(is_failed(t) for t in trials)
                 and not any(t.state.name in ("COMPLETE", "PRUNED") for t in trials))
-
-
-def _suggest(trial: Any, name: str, dist: Any) -> Any:
-    kind = type(dist).__name__
-    if kind == "IntDistribution":
-        return trial.suggest_int(name, dist.low, dist.high)
-    if kind == "FloatDistribution":
-        return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
-    return trial.suggest_categorical(name, dist.choices)
 
 
 def write_experiment_file(exp_dir: pathlib.Path, conf: ExperimentConfig,

@@ -18,7 +18,12 @@ from typing import Any, Optional
 
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.owners import ATTR_BEAT, ATTR_FAILED, ATTR_OWNER, owner_alive
-from determined_launch.experiment.trial import latest_checkpoint, trial_metric, write_private
+from determined_launch.experiment.trial import (
+    TrialProcess,
+    latest_checkpoint,
+    trial_metric,
+    write_private,
+)
 from determined_launch.values import plain
 
 STATES = {"COMPLETE": "completed", "PRUNED": "stopped (ASHA)", "RUNNING": "running",
@@ -77,9 +82,7 @@ def progress_of(run_dir: Optional[pathlib.Path]) -> str:
     costs the same."""
     if run_dir is None:
         return "-"
-    records = [_last_record(run_dir / f"{g}.jsonl") for g in ("training", "validation")]
-    records = [r for r in records if _is_int(r.get("steps_completed"))]
-    newest = max(records, key=lambda r: r["steps_completed"], default=None)
+    newest = _newest_report(run_dir)
     progress = _last_record(run_dir / "progress.jsonl").get("progress")
     notes = []
     metrics = newest.get("metrics") if newest is not None else None
@@ -89,6 +92,18 @@ def progress_of(run_dir: Optional[pathlib.Path]) -> str:
         notes.append(f"{progress:.0%}")
     text = "-" if newest is None else str(newest["steps_completed"])
     return text + (f" ({', '.join(notes)})" if notes else "")
+
+
+def steps_of(run_dir: pathlib.Path) -> Optional[int]:
+    """The table's ``steps``: the newest reported ``steps_completed``."""
+    newest = _newest_report(run_dir)
+    return None if newest is None else int(newest["steps_completed"])
+
+
+def _newest_report(run_dir: pathlib.Path) -> Optional[dict[str, Any]]:
+    records = [_last_record(run_dir / f"{g}.jsonl") for g in ("training", "validation")]
+    records = [r for r in records if _is_int(r.get("steps_completed"))]
+    return max(records, key=lambda r: r["steps_completed"], default=None)
 
 
 def _is_int(value: Any) -> bool:
@@ -233,6 +248,19 @@ def _figure(trials: Sequence[Any], metric: str, smaller: bool) -> Any:
               bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
+
+
+def stopped_line(proc: TrialProcess, metric: str) -> str:
+    """What ASHA stopped: the report it stopped the trial at and, when the trial
+    trained on before the stop reached it, how far (the table's ``steps``)."""
+    at = proc.stopped_at
+    line = f"trial {proc.spec.trial_id}: stopped by ASHA"
+    if at is not None:
+        line += f" at length {at.length} ({metric}={plain(at.value)})"
+    steps = steps_of(proc.dir)
+    if steps is not None and (at is None or steps != at.length):
+        line += f"; it stopped after {steps} steps"
+    return line
 
 
 def _fmt(v: Any) -> str:

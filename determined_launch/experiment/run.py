@@ -215,12 +215,12 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
 
 def _cluster(options: LauncherOptions, conf: expconf.ExperimentConfig
              ) -> tuple[Optional[Gang], int]:
-    """This node's place in the allocation (``None``: left over) and its slots.
-    On a single node a trial's info has its own slots: ``--slots``, else
-    ``slots_per_trial``, else 1 (Determined's default), and the node's slots
-    (detected without ``--slots``) say how many such trials fit at once; on
-    several nodes the scheduler's (or ``--slots``) slots per node stand and
-    ``slots_per_trial`` counts the nodes of each trial (experiment/gang.py)."""
+    """This node's place in the allocation (``None``: left over) and its slots
+    (detected, or ``--slots``: the node's, as for the launcher). On a single node
+    a trial's info has the trial's own slots, ``slots_per_trial`` (default 1, as
+    in Determined), and the node's slots say how many such trials fit at once;
+    on several nodes ``slots_per_trial`` counts the nodes of each trial
+    (experiment/gang.py)."""
     def found(o: LauncherOptions) -> ClusterInfo:
         return detect(detection_env(o, os.environ), force=o.detector,
                       disable=o.disabled_detectors).info
@@ -228,11 +228,11 @@ def _cluster(options: LauncherOptions, conf: expconf.ExperimentConfig
     info = found(options)
     if not info.single_node:
         return trial_gang(conf.slots_per_trial, info, str(conf.path)), info.slots_per_node
-    node = info if options.slots is None else found(dataclasses.replace(options, slots=None))
-    per = options.slots or conf.slots_per_trial or 1
-    if per != info.slots_per_node:
+    node_slots = info.slots_per_node
+    per = conf.slots_per_trial or 1
+    if per != node_slots:
         info = found(dataclasses.replace(options, slots=per))
-    return Gang(nodes=1, group=0, rank=0, info=info), node.slots_per_node
+    return Gang(nodes=1, group=0, rank=0, info=info), node_slots
 
 
 def _say(text: str) -> None:

@@ -311,3 +311,26 @@ def load_study(storage: Any, name: str, search: Search) -> optuna.Study:
         # Another worker created it between our lookup and our create: use theirs.
         return optuna.load_study(storage=storage, study_name=name, sampler=search.sampler(),
                                  pruner=search.pruner())
+
+
+def past_the_end(length: int, searcher: SearcherConfig) -> bool:
+    """Whether a report at ``length`` ends the trial.
+
+    0.38's ``time_metric`` + ``max_time``: the reported length *is* the time
+    metric, in the unit of ``max_time``, so the searcher ends the trial there.
+    With ``max_length`` the script trains its own length (``operations()``)
+    and counts its steps in a unit of its own (seed 000's count batches while
+    ``max_length`` says epochs): comparing the two could stop a trial early,
+    so, as in Determined 0.38, ``max_length`` never stops a trial.
+    """
+    top = searcher.max_length
+    return searcher.time_metric is not None and top is not None and length >= top
+
+
+def suggest(trial: Any, name: str, dist: Any) -> Any:
+    kind = type(dist).__name__
+    if kind == "IntDistribution":
+        return trial.suggest_int(name, dist.low, dist.high)
+    if kind == "FloatDistribution":
+        return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
+    return trial.suggest_categorical(name, dist.choices)

@@ -160,6 +160,8 @@ class TrialProcess:
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self._log: Optional[IO[bytes]] = None
         self.stop_reason: Optional[str] = None
+        #: the report at which the searcher stopped it (ASHA)
+        self.stopped_at: Optional[Report] = None
         self.reports: list[Report] = []
         #: length -> value of every observation already told to the study
         self.seen: dict[int, float] = {}
