@@ -153,9 +153,11 @@ def test_argv_split_and_entrypoints() -> None:
     assert ecli.split_argv(p, ["--status", "d"]) == (["--status", "d"], [])
     assert command.entrypoint_command(
         "python3 -m determined.launch.torch_distributed python3 train.py".split(), "x") == (
-        "torch", ["python3", "train.py"])
+        "torch", [sys.executable, "train.py"])
     assert command.entrypoint_command(["python3", "train.py"], "x") == (
-        "exec", ["--", "python3", "train.py"])
+        "exec", ["--", sys.executable, "train.py"])
+    assert command.entrypoint_command(["/opt/py/bin/python3", "train.py"], "x") == (
+        "exec", ["--", "/opt/py/bin/python3", "train.py"])
     # a legacy Trial class runs in the legacy runner, with the experiment's own config
     assert command.entrypoint_command(["model_def:MyTrial"], "exp.yaml") == (
         "torch", ["--", sys.executable, "-m", "determined_launch.pytorch", "--config",
@@ -256,7 +258,8 @@ def test_the_example_config_loads_and_maps_its_entrypoint() -> None:
         "adaptive_asha", "batches", 400)
     assert c.entrypoint is not None
     # "no torch needed": its entrypoint runs the script as it is, and the script imports no torch
-    assert command.entrypoint_command(c.entrypoint, "x") == ("exec", ["--", "python3", "train.py"])
+    assert command.entrypoint_command(c.entrypoint, "x") == (
+        "exec", ["--", sys.executable, "train.py"])
     script = (example / "train.py").read_text()
     imported = {a.name.split(".")[0] for n in ast.walk(ast.parse(script))
                 if isinstance(n, (ast.Import, ast.ImportFrom))

@@ -86,11 +86,11 @@ def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]
     ARGS`` is ``torch ARGS``; ``model_def:Class`` runs the legacy runner with the
     config (``torch -- python -m determined_launch.pytorch --config WHERE
     model_def:Class``); any other command runs once per node (``exec``)."""
-    words = list(words)
+    words = _our_python(words)
     if len(words) >= 3 and os.path.basename(words[0]).startswith("python") and words[1] == "-m":
         sub = ENTRYPOINT_MODULES.get(words[2])
         if sub is not None:
-            rest = words[3:]
+            rest = _our_python(words[3:])
             if not rest:
                 raise LaunchError(f"{where}: entrypoint: {words[2]} without a script to run")
             return sub, rest
@@ -101,3 +101,13 @@ def entrypoint_command(words: Sequence[str], where: str) -> tuple[str, list[str]
         return "torch", ["--", sys.executable, "-m", RUNNER_MODULE, "--config",
                          os.path.abspath(where), words[0]]
     return "exec", ["--", *words]
+
+
+def _our_python(words: Sequence[str]) -> list[str]:
+    """A bare ``python``/``python3`` is the Python running det-launch: Determined's
+    container had one, and here a venv's det-launch started by its path (without
+    activating the venv) would otherwise run the trial in another environment."""
+    words = list(words)
+    if words and words[0] in ("python", "python3"):
+        words[0] = sys.executable
+    return words

@@ -259,15 +259,18 @@ def _final(trials: Sequence[Any], exp_dir: pathlib.Path, conf: expconf.Experimen
         print(f"det-launch experiment: plot {plot}")
     best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
     if best is None:
-        done = any(report.state_of(t) == "completed" for t in trials)
-        print(f"det-launch experiment: no best trial: no completed trial reported {s.metric!r}"
-              if done else "det-launch experiment: no completed trial yet")
+        if not any(report.state_of(t) == "completed" for t in trials):
+            print("det-launch experiment: no completed trial yet")
+        elif plot is not None:  # else the plot's line said that no trial reported it
+            print(f"det-launch experiment: no best trial: no completed trial reported "
+                  f"{s.metric!r}")
         return
     path = report.write_best(best, exp_dir)
+    checkpoint = best["checkpoint"] or "none (it saved none)"
     print(f"det-launch experiment: best trial {best['trial_id']}: {s.metric}="
           f"{plain(best['value'])} "
           f"hparams {json.dumps(best['hparams'], sort_keys=True)} checkpoint "
-          f"{best['checkpoint']} ({path})", flush=True)
+          f"{checkpoint} ({path})", flush=True)
 
 
 def status(exp_dir: pathlib.Path, storage_url: Optional[str]) -> int:
