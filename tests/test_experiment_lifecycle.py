@@ -153,7 +153,7 @@ def test_no_metric_completes_trials_run_at_once_and_a_rerun_retries(tmp_path: pa
     bug = tmp_path / "BUG"
     # Items 1 and 9: no validation metric at all (tutorial 0), two slots on this node.
     r = _experiment(tmp_path, "nometric", {"case": {"type": "categorical", "vals": [1, 2]},
-                                           "sleep": 0.3, "bug": str(bug), "validate": False},
+                                           "sleep": 0.05, "bug": str(bug), "validate": False},
                     {"name": "grid"}, DET_LAUNCH_SLOTS="2")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
