@@ -26,7 +26,8 @@ from determined_launch.experiment.command import BACKENDS
 
 OPTIONS: tuple[Option, ...] = (
     Option("experiment_dir", "DET_EXPERIMENT_DIR", "--experiment-dir", str, None,
-           "the experiment's directory (default ./det_experiments/<name>)", metavar="DIR"),
+           "the experiment's directory (default <root>/<name>; the experiments root is "
+           "DET_EXPERIMENTS_DIR or ./det_experiments)", metavar="DIR"),
     Option("study_storage", "DET_STUDY_STORAGE", "--study-storage", str, None,
            "Optuna study storage: a journal file path or an RDB URL (postgresql://...); "
            "default <experiment dir>/study.journal", metavar="URL"),

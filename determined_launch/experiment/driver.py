@@ -21,7 +21,6 @@ import math
 import pathlib
 import signal
 import time
-import zlib
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Callable, Optional
@@ -29,6 +28,7 @@ from typing import Any, Callable, Optional
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.trackers import end_abandoned
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
+from determined_launch.experiment import root as exproot
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig
 from determined_launch.experiment.owners import (  # noqa: F401  (ATTR_*, owner_alive: re-exported)
@@ -99,7 +99,8 @@ class Driver:
                               ) from None
         self.optuna = se.require_optuna()
         self.owner = owner_id()
-        self.experiment_id = zlib.crc32(setup.conf.name.encode()) & 0x7FFFFFFF
+        self.root = exproot.Root.of(setup.exp_dir)
+        self.experiment_id = self.root.ensure_experiment(setup.exp_dir)
         self.running: dict[int, tuple[Any, TrialProcess]] = {}
         self.restarts: dict[int, int] = {}
         #: how each trial's last run failed, when it failed without progress
@@ -138,7 +139,8 @@ class Driver:
                 continue  # a failed trial waits for a rerun (_claim_retry)
             trial = claim(self.study, self.optuna, t, self.owner)
             if trial is not None:
-                self.s.on_event(f"trial {t.number + 1}: resuming (its last owner stopped)")
+                self.s.on_event(f"trial {exproot.trial_id_of(t)}: resuming "
+                                "(its last owner stopped)")
                 return trial
         return None
 
@@ -184,6 +186,8 @@ class Driver:
         # other workers, so the slot (the "born" mark) is written last.
         trial.set_user_attr(ATTR_OWNER, self.owner)
         trial.set_user_attr(ATTR_BEAT, time.time())
+        trial.set_user_attr(exproot.ATTR_TRIAL_ID,  # root-wide, as Determined numbers trials
+                            self.root.new_trial_id(self.s.exp_dir, trial.number))
         trial.set_user_attr(ATTR_SLOT, slot)
         if self.search.brackets:
             trial.set_user_attr(se.ATTR_BRACKET, se.bracket_of(slot, self.search.per_bracket))
@@ -203,10 +207,11 @@ class Driver:
     # -- running -----------------------------------------------------------------
 
     def _spec(self, trial: Any) -> TrialSpec:
-        params = self.study._storage.get_trial(trial._trial_id).params
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        params = frozen.params
         seed = (self.s.conf.experiment_seed * 1_000_003 + trial.number) % 2**31
         return TrialSpec(number=trial.number, hparams=self.search.hparams(params), seed=seed,
-                         experiment_id=self.experiment_id,
+                         experiment_id=self.experiment_id, global_id=exproot.trial_id_of(frozen),
                          max_length=self.s.conf.searcher.max_length)
 
     def _start(self, trial: Any) -> None:

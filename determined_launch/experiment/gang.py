@@ -186,7 +186,7 @@ class GangChief:
         s = proc.spec
         self.link.broadcast(_msg(RUN, run=self.run, number=s.number, hparams=dict(s.hparams),
                                  seed=s.seed, experiment_id=s.experiment_id,
-                                 max_length=s.max_length,
+                                 max_length=s.max_length, trial_id=s.trial_id,
                                  latest_checkpoint=latest_checkpoint(proc.run_dir)))
         self.running = set(range(1, self.gang.nodes))
         return {envvars.DIST_SECRET: run_secret(self.secret, self.gang.group, self.run)}
@@ -286,7 +286,8 @@ def serve_node(s: NodeSetup) -> int:
 
 def _start_run(s: NodeSetup, m: Message) -> TrialProcess:
     spec = TrialSpec(number=int(m["number"]), hparams=m["hparams"], seed=int(m["seed"]),
-                     experiment_id=m["experiment_id"], max_length=m["max_length"])
+                     experiment_id=m["experiment_id"], max_length=m["max_length"],
+                     global_id=m.get("trial_id"))
     proc = TrialProcess(spec, s.exp_dir, s.metric, None, node=s.gang.rank)
     env = {**s.env, envvars.DIST_SECRET: run_secret(s.secret, s.gang.group, int(m["run"]))}
     proc.start(s.gang.info, s.argv, env, s.checkpoint_storage, resume=m["latest_checkpoint"])

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.owners import ATTR_BEAT, ATTR_FAILED, ATTR_OWNER, owner_alive
+from determined_launch.experiment.root import trial_id_of
 from determined_launch.experiment.trial import (
     TrialProcess,
     latest_checkpoint,
@@ -133,9 +134,9 @@ def rows(trials: Sequence[Any], smaller: bool,
     out = []
     for t in visible(trials):
         best = best_value(t, smaller)
-        run_dir = None if exp_dir is None else exp_dir / "trials" / str(t.number + 1)
+        run_dir = None if exp_dir is None else exp_dir / "trials" / str(trial_id_of(t))
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(hparams_of(t).items()))
-        out.append([str(t.number + 1), state_of(t), "-" if best is None else plain(best),
+        out.append([str(trial_id_of(t)), state_of(t), "-" if best is None else plain(best),
                     progress_of(run_dir), params])
     return out
 
@@ -170,8 +171,8 @@ def best_record(trials: Sequence[Any], exp_dir: pathlib.Path, metric: str,
     t = best_trial(trials, smaller)
     if t is None:
         return None
-    run_dir = exp_dir / "trials" / str(t.number + 1)
-    return {"trial_id": t.number + 1, "hparams": _trial_hparams(run_dir, t),
+    run_dir = exp_dir / "trials" / str(trial_id_of(t))
+    return {"trial_id": trial_id_of(t), "hparams": _trial_hparams(run_dir, t),
             "metric": metric, "value": best_value(t, smaller),
             "checkpoint": latest_checkpoint(run_dir), "run_dir": str(run_dir)}
 
@@ -234,13 +235,13 @@ def _figure(trials: Sequence[Any], metric: str, smaller: bool) -> Any:
         colour = "black" if is_best else cmap(i / (len(drawn) - 1) if many else i)
         ax.plot(steps, values, marker=".", color=colour, linewidth=3 if is_best else 1,
                 zorder=3 if is_best else 2,
-                label=f"trial {t.number + 1}" + (" (best)" if is_best else ""))
-        ax.annotate(str(t.number + 1), (steps[-1], values[-1]), xytext=(3, 0),
+                label=f"trial {trial_id_of(t)}" + (" (best)" if is_best else ""))
+        ax.annotate(str(trial_id_of(t)), (steps[-1], values[-1]), xytext=(3, 0),
                     textcoords="offset points", fontsize="small", va="center",
                     fontweight="bold" if is_best else "normal")
     title = f"{metric} by trial"
     if best is not None:
-        title += f"; best: trial {best.number + 1}, {metric}={plain(best_value(best, smaller))}"
+        title += f"; best: trial {trial_id_of(best)}, {metric}={plain(best_value(best, smaller))}"
     ax.set_xlabel("length")
     ax.set_ylabel(metric)
     ax.set_title(title)

@@ -18,6 +18,7 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.storage import check_storage, open_storage, parse_storage
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
+from determined_launch.experiment import root as exproot
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.command import (
     entrypoint_command,
@@ -146,8 +147,9 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     if conf.checkpoint_storage is not None:  # one line now, not a failing trial per restart
         check_storage(parse_storage(conf.checkpoint_storage, where=str(conf.path)),
                       probe=not node)
-    exp_dir = pathlib.Path(opts["experiment_dir"] or pathlib.Path("det_experiments", conf.name))
+    exp_dir = pathlib.Path(opts["experiment_dir"] or exproot.root_dir() / conf.name)
     exp_dir = private_dir(exp_dir.absolute())
+    os.environ[exproot.ENV] = str(exp_dir.parent)  # the trials' root: trial ids resolve there
     ignored = unused_fields(conf.ignored, args)
     if ignored and not node:
         print(f"det-launch experiment: ignoring Determined-only fields: "
@@ -166,6 +168,7 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
             checkpoint_storage=_checkpoint_storage(conf, exp_dir),
             metric=conf.searcher.metric, say=_say))
     write_experiment_file(exp_dir, conf, opts["study_storage"])
+    exproot.Root.of(exp_dir).ensure_experiment(exp_dir, _checkpoint_storage(conf, exp_dir))
     live = _Live(None, conf.searcher.metric, conf.searcher.smaller_is_better, exp_dir)
     chief = (GangChief(gang, secret, port, options.supervisor.connect_timeout, live.event)
              if gang.nodes > 1 else None)

@@ -121,15 +121,17 @@ class _Follower:
 
 @dataclasses.dataclass
 class TrialSpec:
-    number: int  # Optuna's trial number; trial_id is number + 1, as Determined counts from 1
+    number: int  # Optuna's trial number
     hparams: Mapping[str, Any]
     seed: int
     experiment_id: int
     max_length: Optional[int]
+    #: the root-wide trial id (experiment/root.py); None: number + 1 (trials from before)
+    global_id: Optional[int] = None
 
     @property
     def trial_id(self) -> int:
-        return self.number + 1
+        return self.global_id or self.number + 1
 
 
 #: ``TrialProcess.start``'s default: resume from what the trial's run directory committed

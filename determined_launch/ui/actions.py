@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from determined_launch.experiment.root import trial_id_of
 from determined_launch.ui import files
 from determined_launch.ui.api import Api
 from determined_launch.ui.trial_rows import TrialRows
@@ -41,7 +42,7 @@ def pause_experiment(api: Api, name: str) -> Optional[dict[str, Any]]:
         raise ActionError(f"experiment {name} is served from object storage; pause it on "
                           "the machine where it runs")
     record = files.read_json(os.path.join(exp_dir, "experiment.json"), api.roots) or {}
-    running = [t.number + 1 for t in api.studies.trials(exp_dir, record)
+    running = [trial_id_of(t) for t in api.studies.trials(exp_dir, record)
                if t.state.name == "RUNNING" and not t.user_attrs.get("det_failed")]
     asked = [tid for tid in running if _request_stop(api, exp_dir, tid)]
     if not asked:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from determined_launch.experiment.root import trial_id_of
 from determined_launch.ui import files, shape
 from determined_launch.ui.catalog import Catalog
 from determined_launch.ui.runs import RemoteCheckpoints, RunReader, Storages
@@ -74,7 +75,7 @@ class Api:
             value = report.best_value(t, smaller) if st != "invalid hparams" else None
             if value is not None and math.isfinite(value) and (
                     best is None or (value < best["value"] if smaller else value > best["value"])):
-                best = {"trial_id": t.number + 1, "value": value}
+                best = {"trial_id": trial_id_of(t), "value": value}
             if t.datetime_start is not None:
                 starts.append(t.datetime_start.timestamp())
             if t.datetime_complete is not None:
@@ -163,7 +164,7 @@ class Api:
         record = self._record(exp_dir)
         searcher = _section(record, "searcher")
         trials, error = self._study(exp_dir, record)
-        found = [t for t in trials if t.number + 1 == trial_id]
+        found = [t for t in trials if trial_id_of(t) == trial_id]
         row = (self.rows.entry(exp_dir, found[0],
                            bool(searcher.get("smaller_is_better", True))).row
                if found else {"trial_id": trial_id, "state": "unknown", "error": error})

@@ -83,7 +83,11 @@ def _paths(given: Sequence[str], mirrors: list[Mirror]) -> list[str]:
         if not os.path.isdir(path):
             raise LaunchError(f"PATH {path}: no such directory")
         out.append(path)
-    return out or [os.path.abspath(p) for p in DEFAULT_PATHS]
+    if out:
+        return out
+    from determined_launch.experiment.root import root_dir  # DET_EXPERIMENTS_DIR, as det's
+
+    return [str(root_dir()), *(os.path.abspath(p) for p in DEFAULT_PATHS[1:])]
 
 
 def _exit(_signum: int, _frame: Any) -> None:

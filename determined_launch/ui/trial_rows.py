@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, Optional
 
+from determined_launch.experiment.root import trial_id_of
 from determined_launch.ui import shape
 from determined_launch.ui.runs import RunReader
 
@@ -127,7 +128,7 @@ class TrialRows:
         values = t.intermediate_values
         length = max(values) if values else None
         row: dict[str, Any] = {
-            "trial_id": t.number + 1, "state": _trial_state(t),
+            "trial_id": trial_id_of(t), "state": _trial_state(t),
             "hparams": shape.redact(report.hparams_of(t)),
             "best_value": report.best_value(t, smaller),
             "latest_value": values[length] if length is not None else None,
@@ -135,7 +136,7 @@ class TrialRows:
             "error": shape.redact(t.user_attrs.get("det_error")),
             # failures restarted by the driver (the study's count, as Determined's)
             "restarts": int(t.user_attrs.get("det_restarts", 0) or 0)}
-        row["path"] = self.trial_dir_of(exp_dir, t.number + 1)
+        row["path"] = self.trial_dir_of(exp_dir, trial_id_of(t))
         row.update(self._file_columns(row["path"]) if files else
                    {"checkpoints": None})
         return shape.finite(row)
