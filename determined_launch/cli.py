@@ -25,7 +25,7 @@ from typing import Optional
 
 from determined_launch import config
 from determined_launch.cluster.detect import detect, detector_names
-from determined_launch.cluster.local_trial import complete
+from determined_launch.cluster.local_trial import OWNER, complete
 from determined_launch.core.storage import commit_check
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.launcher import (
@@ -93,7 +93,8 @@ def info_command(options: LauncherOptions) -> int:
     report = detect(env, force=options.detector, disable=options.disabled_detectors)
     # what the workers would get
     info = complete(report.info, env, options.local_trial,
-                    is_committed=commit_check(env, report.info.checkpoint_storage))
+                    is_committed=commit_check(env, report.info.checkpoint_storage),
+                    command=OWNER)
     out = {
         "detector": report.info.source,
         "cluster_info": info.to_dict(),

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars, expconf
+from determined_launch import config, envvars, expconf, rundir
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.claims import Claims
@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 BuildPlan = Callable[[ClusterInfo, JobRuntime, BackendArgs], LaunchPlan]
+#: the script of ``launch_per_slot`` (its command is the process's own)
+PER_SLOT = ("<per-slot>",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,13 +187,20 @@ def run(
     env = os.environ if env is None else env
     info = detect_with_config_slots(options, env)
     refuse_nested_launch(info, env)
+    command = sys.argv if args.script == PER_SLOT else args.script
     info = complete(info, env, options.local_trial, say=_say,
-                    is_committed=commit_check(env, info.checkpoint_storage))
+                    is_committed=commit_check(env, info.checkpoint_storage), command=command)
+    # The run directory is decided once, here (rundir.py), for every rank and generation.
+    run_dir = run_dir_for(info.trial, env, command) if info.trial is not None else None
+    if run_dir is not None:
+        env = {**env, envvars.RUN_DIR: str(run_dir)}
     # A storage mistake (missing extra, bad block, no such bucket) is one line here,
     # before any worker starts, not a traceback from every rank; the chief probes.
     check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
     # --config's searcher metric and unit, as det-launch experiment hands them to trials
     extra_env = searcher_env(options.local_trial, env)
+    if run_dir is not None:
+        extra_env[envvars.RUN_DIR] = str(run_dir)
     if options.report_to:  # a missing package is one line here, before any worker starts
         check_trackers(options.report_to)
         extra_env[envvars.REPORT_TO] = ",".join(options.report_to)
@@ -208,7 +217,20 @@ def run(
         judge is not None and options.min_nodes is not None and info.trial is not None) else None
     sup = options.supervisor  # a rejoining node waits for the job's next checkpoint
     join_timeout = sup.connect_timeout + sup.preempt_grace + sup.kill_after
-    status, info = run_generations(info, judge, one, claims, join_timeout)
+    lease = None if options.dry_run or run_dir is None else rundir.Lease(
+        run_dir, rundir.job_key(env.get(envvars.DIST_SECRET) or info.job_secret, env,
+                                (info.container_addrs, info.container_slot_counts),
+                                info.single_node), rundir.show(command))
+    try:
+        if lease is not None:  # one live job per run directory; its nodes share it
+            lease.acquire()
+    except rundir.LeaseHeld as e:
+        raise LaunchError(str(e)) from None
+    try:
+        status, info = run_generations(info, judge, one, claims, join_timeout)
+    finally:
+        if lease is not None:
+            lease.release(remove=info.is_chief)
     if status == EXIT_PREEMPTED and options.requeue and info.is_chief:
         requeue_slurm_job(env)
     return status
@@ -326,4 +348,4 @@ def launch_per_slot(
         return per_slot_plan(info, runtime, worker_argv)
 
     opts = options or LauncherOptions.from_env(os.environ)
-    return report_errors(lambda: run(build, BackendArgs((), ("<per-slot>",)), opts))
+    return report_errors(lambda: run(build, BackendArgs((), PER_SLOT), opts))

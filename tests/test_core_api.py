@@ -134,7 +134,7 @@ def test_store_restore_metadata_and_latest(tmp_path: pathlib.Path) -> None:
         assert (tmp_path / "dl" / "state").read_text() == "10"
 
         ctx.checkpoint.delete(second)
-        assert ctx.checkpoint.latest() is None
+        assert ctx.checkpoint.latest() == storage_id  # the newest still committed
         with pytest.raises(FileNotFoundError, match=second):
             ctx.checkpoint.get_metadata(second)
         with pytest.raises(ValueError, match="invalid checkpoint storage id"):
@@ -168,7 +168,8 @@ def test_crash_during_store_path_leaves_no_complete_checkpoint(tmp_path: pathlib
         from determined_launch import ClusterInfo, core
         info = ClusterInfo.from_mapping(
             {{"container_addrs": ["127.0.0.1"], "container_rank": 0,
-              "container_slot_counts": [1], "trial": {{"trial_id": 7}}}},
+              "container_slot_counts": [1],
+              "trial": {{"trial_id": 7, "hparams": {{"increment_by": 2}}}}}},
             source="test", where="test")
         ctx = core.init(info=info, run_dir={str(tmp_path / "run")!r})
         with ctx.checkpoint.store_path({{"steps_completed": 1}}) as (path, sid):

@@ -19,6 +19,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{PKG}.values": (PKG + ".",),
     f"{PKG}.errors": (PKG + ".",),
     f"{PKG}.envvars": (PKG + ".",),
+    # The run directory's one owner: below cluster, core and the launcher, which all ask it.
+    f"{PKG}.rundir": (PKG + ".",),
     f"{PKG}.cluster": (f"{PKG}.backends", f"{PKG}.supervisor", f"{PKG}.core", f"{PKG}.pytorch",
                        f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
     f"{PKG}.backends": (f"{PKG}.supervisor", f"{PKG}.core", f"{PKG}.pytorch",

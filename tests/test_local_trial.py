@@ -136,10 +136,10 @@ def test_rerun_resumes_from_the_newest_committed_checkpoint(cwd: pathlib.Path) -
     assert resolve_cluster_info({"DET_LAUNCH_HPARAMS": '{"a": 1}'}).latest_checkpoint is None
     with pytest.raises(ClusterInfoError, match="DET_LAUNCH_FRESH: expected one of"):
         resolve_cluster_info({"DET_LAUNCH_FRESH": "maybe"})
-    # A checkpoint deleted since is no resume point.
+    # A checkpoint deleted since is no resume point: the newest still committed is.
     with core.init(run_dir=str(run)) as ctx:
         ctx.checkpoint.delete(newest)
-    assert resolve_cluster_info().latest_checkpoint is None
+    assert resolve_cluster_info().latest_checkpoint == first
 
 
 def test_rerun_resumes_with_storage_given_as_a_yaml_block(

@@ -12,13 +12,12 @@ is *the local trial* of the run directory:
 * ``max_length`` the config's ``searcher.max_length``; its metric and unit
   reach the workers as ``det-launch experiment``'s trials get them
   (``searcher_env``);
-* its run directory is ``DET_RUN_DIR``, else ``./det_runs/local``, as before
-  trials existed off-cluster, so existing run directories keep working.
+* its run directory is ``DET_RUN_DIR``, else ``./det_runs/local`` when that is
+  free or this command's, else the command's own (``rundir.default_run_dir``).
 
-``latest_checkpoint``, when nothing set it, is the newest checkpoint this run
-directory committed for the same trial, i.e. the same id and hyperparameters
-(``latest_checkpoint.json``, checked against the checkpoint storage), unless
-``--fresh`` (``DET_LAUNCH_FRESH``).
+``latest_checkpoint``, when nothing set it, is the newest committed checkpoint
+of the same run: the same id, hyperparameters and command
+(``rundir.newest_committed``), unless ``--fresh`` (``DET_LAUNCH_FRESH``).
 Our launchers decide all this once and mark the info ``resolved`` before
 handing it to their workers, so every rank sees the same answer.
 """
@@ -29,10 +28,11 @@ import dataclasses
 import json
 import os
 import pathlib
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from determined_launch import envvars, values
+from determined_launch import envvars, rundir, values
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
 from determined_launch.errors import ClusterInfoError
 
@@ -43,12 +43,11 @@ HPARAMS_ENV = "DET_LAUNCH_HPARAMS"
 CONFIG_ENV = "DET_LAUNCH_CONFIG"
 FRESH_ENV = "DET_LAUNCH_FRESH"
 LOCAL_TRIAL_ID = 0
-#: Parent of the default run directories, relative to the working directory.
-RUNS_ROOT = "det_runs"
-LOCAL_RUN_NAME = "local"
-#: Files the local Core API keeps (core/checkpoint.py writes them).
-LATEST_POINTER_FILE = "latest_checkpoint.json"
-METADATA_FILE = "metadata.json"
+# The run directory's names and rules live in rundir.py; these are its names.
+RUNS_ROOT = rundir.RUNS_ROOT
+LOCAL_RUN_NAME = rundir.LOCAL_RUN_NAME
+LATEST_POINTER_FILE = rundir.POINTER_FILE
+METADATA_FILE = rundir.METADATA_FILE
 
 
 def _read_text(path: str, what: str) -> str:
@@ -193,19 +192,40 @@ def local_trial(opts: LocalTrialOptions) -> TrialInfo:
                      max_length=max_length, local=True)
 
 
-def default_run_dir(trial: Optional[TrialInfo]) -> pathlib.Path:
+#: ``complete(command=OWNER)``: no command of its own (``det-launch info``): the run
+#: directory's owner, as recorded, and nothing recorded
+OWNER: tuple[str, ...] = ("<the run directory's owner>",)
+
+
+def _command(command: Optional[Sequence[str]]) -> tuple[str, ...]:
+    return rundir.command_of(sys.argv if command is None else command)
+
+
+def default_run_dir(trial: Optional[TrialInfo],
+                    command: Optional[Sequence[str]] = None) -> pathlib.Path:
     """``./det_runs/local`` for the local trial (or none), ``./det_runs/trial-<id>``
-    for a trial the scheduler or a file named. The one rule ``core.init`` and
-    the launchers share."""
-    name = LOCAL_RUN_NAME if trial is None or trial.local else f"trial-{trial.trial_id}"
-    return pathlib.Path(RUNS_ROOT, name).absolute()
+    for a trial the scheduler or a file named, when free or this command's
+    (``rundir.default_run_dir``; ``command``: this process's by default). The
+    one rule ``core.init`` and the launchers share."""
+    name = rundir.base_name(None if trial is None else trial.trial_id,
+                            trial is None or trial.local)
+    return rundir.default_run_dir(name, _command(command))
 
 
-def run_dir_for(trial: TrialInfo, env: Mapping[str, str]) -> pathlib.Path:
+def run_dir_for(trial: TrialInfo, env: Mapping[str, str],
+                command: Optional[Sequence[str]] = None) -> pathlib.Path:
     """``DET_RUN_DIR``, else the default run directory."""
     if env.get(envvars.RUN_DIR):
         return pathlib.Path(env[envvars.RUN_DIR]).expanduser().absolute()
-    return default_run_dir(trial)
+    return default_run_dir(trial, command)
+
+
+def _shared_dir(trial: TrialInfo, env: Mapping[str, str]) -> pathlib.Path:
+    """``DET_RUN_DIR``, else ``./det_runs/<local|trial-N>`` whoever owns it."""
+    if env.get(envvars.RUN_DIR):
+        return pathlib.Path(env[envvars.RUN_DIR]).expanduser().absolute()
+    return pathlib.Path(rundir.RUNS_ROOT, rundir.base_name(trial.trial_id, trial.local)
+                        ).absolute()
 
 
 def _storage_dir(info: ClusterInfo, env: Mapping[str, str],
@@ -225,62 +245,56 @@ def _storage_dir(info: ClusterInfo, env: Mapping[str, str],
     return pathlib.Path(raw).expanduser().absolute()
 
 
-def latest_committed(run_dir: pathlib.Path, storage: Optional[pathlib.Path],
-                     trial: TrialInfo, is_committed: Optional[Callable[[str], bool]] = None
-                     ) -> Optional[str]:
-    """The run directory's newest committed checkpoint of ``trial``, if any.
+def identity(trial: TrialInfo, command: Optional[Sequence[str]]) -> rundir.Identity:
+    """The run's identity for ``trial`` run by ``command`` (``None``: any command)."""
+    return rundir.Identity(trial.trial_id, trial.local, trial.hparams,
+                           None if command is None else rundir.command_key(command))
 
-    ``latest_checkpoint.json`` names it under ``storage_id`` (while a commit
-    is under way, the new one under ``pending``). As ``core``'s
-    ``checkpoint.latest()``: the newest whose commit marker is there, looked
-    for in the directory ``storage``, else by ``is_committed`` (object
-    storage: a save killed after its marker but before the pointer's second
-    write left ``pending`` committed and newer). With neither, the pointer's
-    ``storage_id`` is trusted.
-    """
-    try:
-        with open(run_dir / LATEST_POINTER_FILE, encoding="utf-8") as f:
-            pointer = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(pointer, dict):
-        return None
-    # Same trial: same id and same hyperparameters (pointers written before
-    # either was recorded match any trial).
-    recorded = pointer.get("trial_id", "absent")
-    if recorded not in ("absent", trial.trial_id) and not (trial.local and recorded is None):
-        return None
-    recorded_hparams = pointer.get("hparams")
-    if recorded_hparams is not None and recorded_hparams != json.loads(
-            json.dumps(dict(trial.hparams), default=str)):
-        return None
-    for key in ("pending", "storage_id"):
-        storage_id = pointer.get(key)
-        if not isinstance(storage_id, str) or "/" in storage_id or storage_id.startswith("."):
-            continue
-        if storage is not None:
-            if (storage / storage_id / METADATA_FILE).is_file():
-                return storage_id
-        elif is_committed is not None:
-            if is_committed(storage_id):
-                return storage_id
-        elif key == "storage_id":
-            return storage_id
-    return None
+
+def _check(storage: Optional[pathlib.Path], is_committed: Optional[Callable[[str], bool]],
+           run_dir: pathlib.Path) -> Callable[[str], bool]:
+    """The commit check: the marker in the directory ``storage``, else
+    ``is_committed`` (object storage, from a layer that can open it). With
+    neither, every recorded checkpoint but one being committed is trusted."""
+    if storage is not None:
+        return rundir.directory_committed(storage)
+    return is_committed if is_committed is not None else rundir.trusting(run_dir)
+
+
+def resume_point(info: ClusterInfo, env: Mapping[str, str], trial: TrialInfo,
+                 command: Optional[Sequence[str]],
+                 is_committed: Optional[Callable[[str], bool]] = None
+                 ) -> tuple[rundir.Resume, pathlib.Path, Optional[pathlib.Path]]:
+    """(the resume point, the run directory, its checkpoint directory or ``None``)."""
+    run_dir = _shared_dir(trial, env) if command is None else run_dir_for(trial, env, command)
+    storage = _storage_dir(info, env, run_dir)
+    resume = rundir.newest_committed(run_dir, identity(trial, command),
+                                     _check(storage, is_committed, run_dir))
+    return resume, run_dir, storage
 
 
 def newest_committed(info: ClusterInfo, env: Mapping[str, str],
                      is_committed: Optional[Callable[[str], bool]] = None
                      ) -> tuple[Optional[str], Optional[pathlib.Path]]:
     """The newest checkpoint the run directory of ``info``'s trial committed
-    (as ``complete`` finds it, whatever ``--fresh`` says), and the checkpoint
-    directory it is in (``None``: object storage). What ``--max-restarts``
-    resumes from."""
+    for the command that owns it (whatever ``--fresh`` says), and the
+    checkpoint directory it is in (``None``: object storage). What
+    ``--max-restarts`` resumes from."""
     if info.trial is None:
         return None, None
     run_dir = run_dir_for(info.trial, env)
-    storage = _storage_dir(info, env, run_dir)
-    return latest_committed(run_dir, storage, info.trial, is_committed), storage
+    resume, _, storage = resume_point(info, env, info.trial, rundir.read_command(run_dir),
+                                      is_committed)
+    return resume.storage_id, storage
+
+
+def latest_committed(run_dir: pathlib.Path, storage: Optional[pathlib.Path],
+                     trial: TrialInfo, is_committed: Optional[Callable[[str], bool]] = None
+                     ) -> Optional[str]:
+    """The run directory's newest committed checkpoint of ``trial`` by any
+    command (``rundir.newest_committed``)."""
+    return rundir.newest_committed(run_dir, identity(trial, None),
+                                   _check(storage, is_committed, run_dir)).storage_id
 
 
 def complete(
@@ -289,27 +303,52 @@ def complete(
     opts: Optional[LocalTrialOptions] = None,
     say: Optional[Callable[[str], None]] = None,
     is_committed: Optional[Callable[[str], bool]] = None,
+    command: Optional[Sequence[str]] = None,
 ) -> ClusterInfo:
     """``info`` with a trial and a resume point (see the module doc), marked resolved.
 
     Determined's own info (source ``determined``) and info a launcher already
     resolved are returned as they are. ``is_committed``: the commit-marker
-    check of an object storage (``latest_committed``), from a layer that can
-    open one.
+    check of an object storage, from a layer that can open one. ``command``:
+    the run's command (this process's ``sys.argv`` by default); on the chief
+    it becomes the run directory's owner (``rundir.record_command``).
     """
     if info.resolved or info.source == "determined":
         return info
     opts = opts if opts is not None else LocalTrialOptions.from_env(env)
     trial = info.trial if info.trial is not None else local_trial(opts)
+    cmd: Optional[tuple[str, ...]] = _command(command)
+    if command is OWNER:
+        cmd = rundir.read_command(_shared_dir(trial, env))
     latest = info.latest_checkpoint
     if latest is None and not opts.fresh:
-        run_dir = run_dir_for(trial, env)
-        latest = latest_committed(run_dir, _storage_dir(info, env, run_dir), trial,
-                                  is_committed)
-        if latest is not None and say is not None:
-            # The script decides whether to resume (a Trainer needs fit(latest_checkpoint=)),
-            # so this says what is there, not what will happen.
-            say(f"trial {trial.trial_id}: info.latest_checkpoint is {latest}, the newest in "
-                f"{run_dir}; a script that passes it on resumes from it (--fresh / "
-                f"{FRESH_ENV}=1 starts over)")
+        resume, run_dir, _ = resume_point(info, env, trial, cmd, is_committed)
+        latest = resume.storage_id
+        if say is not None and cmd is not None:
+            _say_resume(say, trial, resume, run_dir, cmd)
+    if info.is_chief and cmd is not None and command is not OWNER:
+        try:
+            rundir.record_command(run_dir_for(trial, env, cmd), cmd)
+        except OSError:
+            pass  # an unwritable run directory is reported where it is written
     return dataclasses.replace(info, trial=trial, latest_checkpoint=latest, resolved=True)
+
+
+def _say_resume(say: Callable[[str], None], trial: TrialInfo, resume: rundir.Resume,
+                run_dir: pathlib.Path, command: Sequence[str]) -> None:
+    if resume.skipped:
+        say(f"trial {trial.trial_id}: {run_dir}: {resume.skipped_line()}")
+    if resume.storage_id is not None:
+        steps = f" (steps_completed {resume.steps})" if resume.steps is not None else ""
+        # The script decides whether to resume (a Trainer needs fit(latest_checkpoint=)),
+        # so this says what is there, not what will happen.
+        say(f"trial {trial.trial_id}: info.latest_checkpoint is {resume.storage_id}{steps}, "
+            f"the newest committed checkpoint of `{rundir.show(command)}` in {run_dir}; a "
+            f"script that passes it on resumes from it (--fresh / {FRESH_ENV}=1 starts over)")
+        return
+    owner = rundir.read_command(run_dir)
+    if owner is not None and owner != tuple(command) and rundir.newest_committed(
+            run_dir, identity(trial, None), lambda _sid: True).storage_id is not None:
+        say(f"trial {trial.trial_id}: {run_dir} holds checkpoints of `{rundir.show(owner)}`; "
+            f"`{rundir.show(command)}` does not resume from them (another command, another "
+            f"run)")

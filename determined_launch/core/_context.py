@@ -8,6 +8,7 @@ import pathlib
 from typing import Any, Literal, Optional
 
 from determined_launch import envvars
+from determined_launch import rundir as run_dirs
 from determined_launch._user import InvalidHP
 from determined_launch.cluster import ClusterInfo, resolve_cluster_info
 from determined_launch.cluster.local_trial import RUNS_ROOT, default_run_dir
@@ -217,8 +218,10 @@ def init(
     rundir_path = resolve_run_dir(run_dir, info)
     # The local trial's records carry its id, 0 (earlier versions wrote null).
     trial_id = info.trial.trial_id if info.trial is not None else None
+    owner = run_dirs.read_command(rundir_path)  # recorded by whoever resolved the info
     rundir = RunDir(rundir_path, trial_id=trial_id,
-                    hparams=info.trial.hparams if info.trial is not None else None)
+                    hparams=info.trial.hparams if info.trial is not None else None,
+                    command=run_dirs.command_key(owner) if owner is not None else None)
     spec = resolve_checkpoint_storage(checkpoint_storage, rundir_path, info)
     storage = build_storage(spec, distributed, rundir, tensorboard_mode)
     if max_length is None and info.trial is not None:
@@ -236,7 +239,9 @@ def init(
         preempt=PreemptContext.from_env(distributed, preempt_mode, sync_period=preempt_sync_period),
         train=train,
         checkpoint=CheckpointContext(distributed, storage.backend, rundir,
-                                     after_commit=after_commit),
+                                     after_commit=after_commit,
+                                     resolved_latest=(info.latest_checkpoint,)
+                                     if info.resolved and not run_dir else None),
         searcher=SearcherContext(distributed, rundir, train, max_length),
         info=info,
         run_dir=rundir_path,

@@ -9,8 +9,10 @@ checkpoint, so ``core.init`` keeps them in one directory per run::
     <run_dir>/progress.jsonl      report_progress / op.report_progress
     <run_dir>/searcher.jsonl      op.report_completed
     <run_dir>/latest_checkpoint.json   the newest committed checkpoint (for resuming)
+    <run_dir>/checkpoints.jsonl        every checkpoint the run committed
 
-Only the chief writes here, so lines never interleave between ranks.
+Only the chief writes here, so lines never interleave between ranks. The
+layout, the run's identity and the resume rule are ``determined_launch/rundir.py``'s.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from determined_launch import rundir
 from determined_launch.core._dist import Collectives
 
 
@@ -86,12 +89,16 @@ class RunDir:
     """Append-only JSON-lines streams plus small pointer files in one directory."""
 
     def __init__(self, path: pathlib.Path, *, trial_id: Optional[int],
-                 hparams: Optional[Mapping[str, Any]] = None) -> None:
+                 hparams: Optional[Mapping[str, Any]] = None,
+                 command: Optional[str] = None) -> None:
         self.path = path
         self.trial_id = trial_id
         #: the trial's hyperparameters, recorded with each checkpoint so that a
         #: rerun resumes only the same trial (cluster/local_trial.py)
         self.hparams = dict(hparams) if hparams is not None else None
+        #: the key of the command that owns the run (rundir.command_key), recorded
+        #: with each checkpoint so that only the same command resumes it
+        self.command = command
         #: called after every write (the chief's sync to object storage, core/_record_sync.py)
         self.on_write: Optional[Callable[[], None]] = None
         #: stream -> its file, opened once in append mode: an open and close per
@@ -99,6 +106,12 @@ class RunDir:
         self._fds: dict[str, int] = {}
         self._fds_lock = threading.Lock()
         weakref.finalize(self, _close_all, self._fds)
+
+    @property
+    def identity(self) -> rundir.Identity:
+        """Which checkpoint records are this run's (``rundir.Identity``)."""
+        return rundir.Identity(self.trial_id, self.trial_id in (None, 0), self.hparams,
+                               self.command)
 
     def append(self, stream: str, record: Mapping[str, Any]) -> None:
         """Append one record with a timestamp. One ``write`` per line to a file

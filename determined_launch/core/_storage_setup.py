@@ -46,7 +46,8 @@ def build_storage(spec: StorageSpec, dist: Collectives, run_dir: RunDir,
 
     def after_commit(storage_id: str, metadata: Mapping[str, Any]) -> None:
         run_dir.append(retention.LOG_STREAM, {
-            "storage_id": storage_id, "steps_completed": metadata.get("steps_completed")})
+            **run_dir.identity.fields(), "storage_id": storage_id,
+            "steps_completed": metadata.get("steps_completed")})
         policy: Optional[retention.Retention] = spec.retention
         if policy is not None:
             retention.apply(policy, run_dir.path, lambda sid: backend.delete(sid, None),

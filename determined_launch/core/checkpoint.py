@@ -8,8 +8,9 @@ checkpoint is visible (listed, restorable, ``latest()``) only once committed.
 The run directory's ``latest_checkpoint.json`` names the newest checkpoint
 this run committed. It is written twice around each commit: first with the
 new id as ``pending`` (beside the previous committed ``storage_id``), then
-with the new id as ``storage_id``, so a run killed at any moment resumes
-from the newest checkpoint that really was committed.
+with the new id as ``storage_id``; ``checkpoints.jsonl`` lists every one. Which
+of them a rerun resumes is ``determined_launch/rundir.py``'s rule (the newest
+with its commit marker), the same for ``latest()`` and the launcher.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
+from determined_launch import rundir
 from determined_launch.core import _ckpt_shard as shard_logic
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
@@ -42,7 +44,7 @@ __all__ = ["METADATA_FILE", "PARTIAL_PREFIX", "CheckpointContext", "DownloadMode
            "merge_metadata"]
 
 #: Run-directory pointer to the newest checkpoint this run committed.
-LATEST_POINTER = "latest_checkpoint"
+LATEST_POINTER = rundir.POINTER
 CheckpointConflictError = shard_logic.CheckpointConflictError
 merge_metadata = shard_logic.merge_metadata
 
@@ -70,6 +72,7 @@ class CheckpointContext:
         run_dir: RunDir,
         *,
         after_commit: Optional[Callable[[str, Mapping[str, Any]], None]] = None,
+        resolved_latest: Optional[tuple[Optional[str]]] = None,
     ) -> None:
         self._dist = dist
         self._backend: StorageBackend = (
@@ -80,6 +83,10 @@ class CheckpointContext:
         self._after_commit = after_commit
         #: Commits stay out of the run's lineage (``outside_lineage``).
         self._detached = False
+        #: ``(info.latest_checkpoint,)`` when a launcher (or core.init's own
+        #: resolution) decided the resume point: ``latest()`` answers it until
+        #: this run commits, so the Trainer's "latest" is the launcher's (--fresh too)
+        self._resolved_latest = resolved_latest
 
     @contextlib.contextmanager
     def outside_lineage(self) -> Iterator[None]:
@@ -301,14 +308,13 @@ class CheckpointContext:
                         "not resume from it)", storage_id, self._backend.url)
             return
         previous = self.latest()
-        self._run_dir.write_pointer(LATEST_POINTER, {"storage_id": previous,
+        identity = self._run_dir.identity.fields()
+        self._run_dir.write_pointer(LATEST_POINTER, {**identity, "storage_id": previous,
                                                      "pending": storage_id})
         self._backend.commit(storage_id, metadata, files)
+        self._resolved_latest = None  # this run's own checkpoints from now on
         self._run_dir.write_pointer(
-            LATEST_POINTER,
-            {"storage_id": storage_id, "trial_id": self._run_dir.trial_id,
-             "hparams": self._run_dir.hparams, "metadata": dict(metadata)},
-        )
+            LATEST_POINTER, {**identity, "storage_id": storage_id, "metadata": dict(metadata)})
         logger.info("committed checkpoint %s to %s (metadata=%s)", storage_id,
                     self._backend.url, dict(metadata))
         if self._after_commit is not None:
@@ -371,18 +377,20 @@ class CheckpointContext:
         return self._backend.get_metadata(storage_id)
 
     def latest(self) -> Optional[str]:
-        """Storage id of the newest checkpoint this run directory committed.
+        """Storage id of the newest committed checkpoint of this run.
 
-        A rerun with the same run directory resumes with
-        ``info.latest_checkpoint or core_context.checkpoint.latest()``.
-        ``None`` if none was committed, or it has been deleted since.
+        The resume point the launcher announced (``info.latest_checkpoint``;
+        none after ``--fresh``) until this run commits one; then, and without a
+        launcher's decision, ``rundir.newest_committed``: the newest
+        checkpoint of this run (same trial, hyperparameters and command) whose
+        commit marker exists. ``None`` if there is none.
         """
-        pointer = self._run_dir.read_pointer(LATEST_POINTER) or {}
-        for key in ("pending", "storage_id"):
-            storage_id = pointer.get(key)
-            if isinstance(storage_id, str) and self._backend.is_committed(storage_id):
-                return storage_id
-        return None
+        if self._resolved_latest is not None:
+            hint = self._resolved_latest[0]
+            if hint is None or self._backend.is_committed(hint):
+                return hint
+        return rundir.newest_committed(self._run_dir.path, self._run_dir.identity,
+                                       self._backend.is_committed).storage_id
 
     def committed_ids(self) -> list[str]:
         """Storage ids of every committed checkpoint in this storage."""
@@ -394,6 +402,8 @@ class CheckpointContext:
         first, so a crash mid-delete never leaves a damaged one visible."""
         check_storage_id(storage_id, self._backend.url)
         self._backend.delete(storage_id, globs)
+        if not globs and self._dist.rank == 0:  # deleted on purpose: never "skipped"
+            self._run_dir.append(rundir.CHECKPOINT_LOG, {"deleted": storage_id})
 
 
 def _user_files(root: pathlib.Path, selector: Optional[Callable[[str], bool]] = None

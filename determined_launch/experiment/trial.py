@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Optional
 
-from determined_launch import envvars
+from determined_launch import envvars, rundir
 from determined_launch.cluster.info import ClusterInfo, TrialInfo
 from determined_launch.core._rundir import STOP_REASON, write_atomically
 from determined_launch.errors import LaunchError
@@ -72,14 +72,23 @@ def write_private(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def latest_checkpoint(run_dir: pathlib.Path) -> Optional[str]:
-    """The newest checkpoint this trial's run directory committed, if any."""
+def latest_checkpoint(run_dir: pathlib.Path,
+                      checkpoint_storage: Optional[str] = None) -> Optional[str]:
+    """The newest checkpoint this trial's run directory committed, if any, by
+    the run directory's one rule (``rundir.newest_committed``; the commit
+    marker is looked for where ``checkpoint_storage`` says)."""
+    from determined_launch.core.storage import commit_check
+
+    trust = rundir.trusting(run_dir)
+    check = trust
+    if checkpoint_storage and os.path.isdir(checkpoint_storage):
+        check = rundir.directory_committed(pathlib.Path(checkpoint_storage))
+    elif checkpoint_storage:
+        check = commit_check(os.environ, checkpoint_storage)
     try:
-        data = json.loads((run_dir / "latest_checkpoint.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    sid = data.get("storage_id") if isinstance(data, dict) else None
-    return sid if isinstance(sid, str) and sid else None
+        return rundir.newest_committed(run_dir, rundir.Identity(), check).storage_id
+    except Exception:  # storage unreachable here: the trial's own launcher reports it
+        return rundir.newest_committed(run_dir, rundir.Identity(), trust).storage_id
 
 
 def trial_metric(values: Iterable[float], smaller_is_better: bool) -> Optional[float]:
@@ -184,7 +193,8 @@ class TrialProcess:
         trial = TrialInfo(trial_id=self.spec.trial_id, hparams=dict(self.spec.hparams),
                           trial_seed=self.spec.seed, experiment_id=self.spec.experiment_id,
                           max_length=self.spec.max_length)
-        resumed = self.resumed_from = (latest_checkpoint(self.run_dir) if resume == FROM_RUN_DIR
+        resumed = self.resumed_from = (latest_checkpoint(self.run_dir, checkpoint_storage)
+                                       if resume == FROM_RUN_DIR
                                        else resume)
         info = dataclasses.replace(info, trial=trial, latest_checkpoint=resumed)
         info_file = self.dir / "cluster_info.json"

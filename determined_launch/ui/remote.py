@@ -240,7 +240,7 @@ class Mirror:
         except Exception:  # noqa: BLE001 (storage down: unknown, never "deleted")
             return {"size": None, "storage": None, "found": False, "metadata": None}
         entry = {"size": sum(sizes.values()) if sizes else None, "storage": storage,
-                 "found": meta is not None,
+                 "found": meta is not None, "unmarked": meta is None and bool(sizes),
                  "metadata": meta if isinstance(meta, dict) else None}
         self._checkpoints[uuid] = (time.monotonic(), entry)
         return entry

@@ -193,8 +193,10 @@ class RunReader:
             entry.update(self._storage(entry["uuid"], storage_dirs,
                                        final=entry["state"] != "UNCOMMITTED"))
             if entry["state"] == "COMPLETED" and entry["storage"] and not entry["found"]:
-                entry["state"] = "DELETED"  # gone from the storage (gc, by hand)
+                # files without the commit marker are not resumed (rundir.py), but not gone
+                entry["state"] = "UNCOMMITTED" if entry.get("unmarked") else "DELETED"
             del entry["found"]
+            entry.pop("unmarked", None)
         return list(out.values())
 
     def _storage(self, uuid: str, storage_dirs: Storages,
@@ -210,7 +212,8 @@ class RunReader:
             path = os.path.join(base, uuid)
             meta = files.read_json(os.path.join(path, "metadata.json"), self.roots)
             if meta is None:
-                return {"size": None, "storage": base, "found": False, "metadata": None}
+                return {"size": None, "storage": base, "found": False, "metadata": None,
+                        "unmarked": os.path.isdir(path) and not os.path.islink(path)}
             # A committed checkpoint never changes: its tree is walked once. One being
             # written is walked again on each request (there is at most one per run).
             with self._lock:

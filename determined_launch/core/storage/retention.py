@@ -27,14 +27,14 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from determined_launch import envvars
+from determined_launch import envvars, rundir
 from determined_launch.core.storage.spec import Retention
 
 __all__ = ["Retention", "apply", "to_delete"]
 
 logger = logging.getLogger("determined_launch.core")
 
-LOG_STREAM = "checkpoints"
+LOG_STREAM = rundir.CHECKPOINT_LOG
 METRIC_ENV = envvars.SEARCHER_METRIC
 SMALLER_ENV = envvars.SMALLER_IS_BETTER
 
