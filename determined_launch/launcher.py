@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars, expconf, rundir
+from determined_launch import config, envvars, expconf, run_lease, rundir
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.claims import Claims
@@ -217,14 +217,14 @@ def run(
         judge is not None and options.min_nodes is not None and info.trial is not None) else None
     sup = options.supervisor  # a rejoining node waits for the job's next checkpoint
     join_timeout = sup.connect_timeout + sup.preempt_grace + sup.kill_after
-    lease = None if options.dry_run or run_dir is None else rundir.Lease(
-        run_dir, rundir.job_key(env.get(envvars.DIST_SECRET) or info.job_secret, env,
+    lease = None if options.dry_run or run_dir is None else run_lease.Lease(
+        run_dir, run_lease.job_key(env.get(envvars.DIST_SECRET) or info.job_secret, env,
                                 (info.container_addrs, info.container_slot_counts),
                                 info.single_node), rundir.show(command))
     try:
         if lease is not None:  # one live job per run directory; its nodes share it
             lease.acquire()
-    except rundir.LeaseHeld as e:
+    except run_lease.LeaseHeld as e:
         raise LaunchError(str(e)) from None
     try:
         status, info = run_generations(info, judge, one, claims, join_timeout)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from determined_launch import rundir
+from determined_launch import run_lease, rundir
 from tests.conftest import base_env
 
 # --- identity --------------------------------------------------------------------
@@ -111,43 +111,44 @@ def test_the_log_is_read_as_untrusted(tmp_path: pathlib.Path) -> None:
 
 def test_lease_verdicts() -> None:
     def v(record: Any, age: float, alive: bool = True) -> str:
-        return rundir.lease_verdict(record, age, "h1", "me", lambda pid: alive)
+        return run_lease.lease_verdict(record, age, "h1", "me", lambda pid: alive)
 
     theirs_here = {"job": "them", "host": "h1", "pid": 42}
     theirs_there = {"job": "them", "host": "h2", "pid": 42}
-    assert v(None, 0) == rundir.FREE
-    assert v({"job": "me", "host": "h2", "pid": 1}, 1) == rundir.MINE  # a node of this job
-    assert v(theirs_here, 1) == rundir.HELD
-    assert v(theirs_here, 1, alive=False) == rundir.WAIT  # SIGKILLed: free in a moment
-    assert v(theirs_here, rundir.MISSED + 1, alive=False) == rundir.FREE
-    assert v(theirs_there, 1) == rundir.HELD
-    assert v(theirs_there, rundir.MISSED + 1) == rundir.WAIT
-    assert v(theirs_there, rundir.STALE + 1) == rundir.FREE
+    assert v(None, 0) == run_lease.FREE
+    assert v({"job": "me", "host": "h2", "pid": 1}, 1) == run_lease.MINE  # a node of this job
+    assert v(theirs_here, 1) == run_lease.HELD
+    assert v(theirs_here, 1, alive=False) == run_lease.WAIT  # SIGKILLed: free in a moment
+    assert v(theirs_here, run_lease.MISSED + 1, alive=False) == run_lease.FREE
+    assert v(theirs_there, 1) == run_lease.HELD
+    assert v(theirs_there, run_lease.MISSED + 1) == run_lease.WAIT
+    assert v(theirs_there, run_lease.STALE + 1) == run_lease.FREE
 
 
 def test_job_keys_are_shared_by_the_nodes_of_one_job() -> None:
     shape = (("10.0.0.1", "10.0.0.2"), (1, 1))
-    assert rundir.job_key("s", {}) == rundir.job_key("s", {"SLURM_JOB_ID": "9"})
-    assert rundir.job_key(None, {}, shape, lone=False) == rundir.job_key(None, {}, shape, False)
-    assert rundir.job_key(None, {}) != rundir.job_key(None, {})  # a lone launcher: its own
+    assert run_lease.job_key("s", {}) == run_lease.job_key("s", {"SLURM_JOB_ID": "9"})
+    nodes = run_lease.job_key(None, {}, shape, lone=False)
+    assert nodes == run_lease.job_key(None, {}, shape, lone=False)
+    assert run_lease.job_key(None, {}) != run_lease.job_key(None, {})  # a lone launcher: its own
     slurm = {"SLURM_JOB_ID": "9"}
-    assert rundir.job_key(None, slurm, shape) == rundir.job_key(None, slurm, shape)
+    assert run_lease.job_key(None, slurm, shape) == run_lease.job_key(None, slurm, shape)
 
 
 def test_a_second_job_is_refused_and_the_same_job_shares(tmp_path: pathlib.Path) -> None:
-    first = rundir.Lease(tmp_path / "run", "job-1", "a.py")
+    first = run_lease.Lease(tmp_path / "run", "job-1", "a.py")
     first.acquire()
     try:
-        with pytest.raises(rundir.LeaseHeld, match=r"in use by another job \(a\.py, launcher"):
-            rundir.Lease(tmp_path / "run", "job-2").acquire(wait=0)
-        node = rundir.Lease(tmp_path / "run", "job-1")
+        with pytest.raises(run_lease.LeaseHeld, match=r"in use by another job \(a\.py, launcher"):
+            run_lease.Lease(tmp_path / "run", "job-2").acquire(wait=0)
+        node = run_lease.Lease(tmp_path / "run", "job-1")
         node.acquire(wait=0)
         node.release(remove=False)
         assert (tmp_path / "run" / rundir.LEASE_FILE).is_file()
     finally:
         first.release()
     assert not (tmp_path / "run" / rundir.LEASE_FILE).exists()
-    rundir.Lease(tmp_path / "run", "job-2").acquire(wait=0)
+    run_lease.Lease(tmp_path / "run", "job-2").acquire(wait=0)
 
 
 # --- real processes -----------------------------------------------------------------
