@@ -11,12 +11,18 @@ claim continues, and the other stops, even one that goes on to a later
 generation number on its own. Object storage can do the same with a
 conditional put (``If-None-Match: *``); not built.
 
+Every file there is signed with a key derived from the job secret and
+written and read without following links (``signed_files``); a claim whose
+signature, generation or members do not fit this job is ignored and named
+once (``parse_claim``): writing into a shared run directory cannot stop a
+job's nodes or make them follow a forged membership.
+
 This protects only where every node sees the same run directory (a shared
 file system, as its checkpoints need); a node-local run directory leaves
 the deterministic rule alone (docs/architecture.md).
 
-The same directory lets a node that comes back **rejoin**: every launcher
-of a job touches ``alive-<rank>`` every second (saying the generation it
+The same directory lets a node that comes back **rejoin** (``presence``):
+every launcher of a job touches ``alive-<rank>`` every second (saying the generation it
 runs, or ``join`` while it waits to rejoin). A launcher that starts where
 the job has not ended (no ``end.json``), and finds its own alive file (it
 was here before: a relaunch) or a generation after the first, while another
@@ -34,22 +40,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
-import shutil
-import tempfile
-import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
-#: under the run directory
-CLAIMS_DIR = "generations"
-#: how often a running launcher touches its alive file, and when it is stale
-ALIVE_EVERY = 1.0
-ALIVE_STALE = 10.0
-#: what a launcher says in its alive file while it waits to rejoin, and while it
-#: waits for a new job's first claim: it runs no generation of the job here
-JOINING, STARTING = "join", "new"
+from determined_launch.errors import LaunchError
+from determined_launch.presence import (  # noqa: F401  (re-exported: the launcher's names)
+    ALIVE,
+    ALIVE_EVERY,
+    ALIVE_STALE,
+    JOINING,
+    STARTING,
+    Presence,
+)
+from determined_launch.signed_files import CLAIMS_DIR, SignedDir, say
+
 NEW, REJOIN = "new", "rejoin"
+END = "end.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,19 +128,65 @@ def superseded(generation: int, members: tuple[int, ...], own: Optional[tuple[in
     return None
 
 
+def parse_claim(generation: int, text: str, num_nodes: int) -> Union[Claim, str]:
+    """The claim of ``generation`` in a (signed) file's ``text``, or why it
+    is none (pure): its generation must be the file's, its members distinct
+    nodes of this ``num_nodes``-node job in ascending order, the rest typed."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        return "not JSON"
+    if not isinstance(raw, dict) or set(raw) - _FIELDS:
+        return "not a claim"
+    members, restarts = raw.get("members"), raw.get("restarts", 0)
+    checkpoint, steps = raw.get("checkpoint"), raw.get("steps")
+    if raw.get("generation") != generation or type(raw.get("generation")) is not int:
+        return f"it claims generation {raw.get('generation')!r}, not {generation}"
+    if not (isinstance(members, list) and members and all(type(m) is int for m in members)
+            and members == sorted(set(members)) and 0 <= members[0]
+            and members[-1] < num_nodes):
+        return f"its members {members!r} are not nodes of this {num_nodes}-node job"
+    if type(restarts) is not int or restarts < 0 or not (
+            checkpoint is None or isinstance(checkpoint, str)) or not (
+            steps is None or (type(steps) is int and steps >= 0)):
+        return "its checkpoint, steps or restarts are malformed"
+    return Claim(generation, tuple(members), checkpoint, steps, restarts)
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Claim)}
+
+
 def _nodes(members: tuple[int, ...]) -> str:
     return f"node{'s' if len(members) > 1 else ''} {', '.join(map(str, members))}"
 
 
-class Claims:
-    def __init__(self, run_dir: pathlib.Path) -> None:
+class Claims(Presence):
+    """The claims of a ``num_nodes``-node job in ``run_dir``, signed with a
+    key derived from ``secret`` (its presence files too: ``Presence``)."""
+
+    def __init__(self, run_dir: pathlib.Path, secret: str, num_nodes: int,
+                 say: Callable[[str], None] = say) -> None:
+        super().__init__(SignedDir(run_dir, secret, say), num_nodes)
         self.dir = run_dir / CLAIMS_DIR
+
+    @classmethod
+    def open(cls, run_dir: pathlib.Path, secret: str, num_nodes: int) -> Claims:
+        """The launcher's: a run directory that others may write is refused
+        (LaunchError: one line, exit status 2)."""
+        try:
+            claims = cls(run_dir, secret, num_nodes)
+        except OSError as e:
+            raise LaunchError(f"run directory {run_dir}: {e.strerror}; --min-nodes keeps its "
+                              f"nodes' claims there") from None
+        why = claims.files.refusal()
+        if why is not None:
+            raise LaunchError(why)
+        return claims
 
     def start(self, members: tuple[int, ...]) -> None:
         """Generation 0's chief (``arrival`` said ``NEW``): a new job; an
         earlier job's claims go."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.files.reset()
         self._create(0, members)
         self.touch(members[0], 0)
 
@@ -144,30 +196,32 @@ class Claims:
         return None if claim is None else claim.members
 
     def load(self, generation: int) -> Optional[Claim]:
-        try:
-            raw = json.loads((self.dir / f"{generation}.json").read_text("utf-8"))
-            claim = Claim(**raw) if isinstance(raw, dict) else None
-        except (OSError, ValueError, TypeError):
+        """``generation``'s claim if this job signed it and it fits the job (else told once)."""
+        name = f"{generation}.json"
+        text = self.files.read(name)
+        if text is None:
             return None
-        if claim is None or not isinstance(claim.members, list) or not all(
-                type(m) is int for m in claim.members):
+        claim = parse_claim(generation, text, self.num_nodes)
+        if isinstance(claim, str):
+            self.files.tell(name, claim)
             return None
-        return dataclasses.replace(claim, members=tuple(claim.members))
+        return claim
 
     def stamp(self, generation: int) -> Optional[tuple[int, int]]:
         """Which file claims ``generation`` (its inode and time), to notice a new one."""
-        try:
-            st = (self.dir / f"{generation}.json").stat()
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns
+        st = self.files.stat(f"{generation}.json")
+        return None if st is None else (st.st_ino, st.st_mtime_ns)
 
     def newest(self) -> Optional[Claim]:
-        try:
-            numbers = [int(p.stem) for p in self.dir.glob("*.json") if p.stem.isdigit()]
-        except OSError:
-            return None
-        return self.load(max(numbers)) if numbers else None
+        """The newest valid claim (one that is not this job's hides no older one)."""
+        numbers = sorted((int(n[:-5]) for n in self.files.names()
+                          if n.endswith(".json") and n[:-5].isdigit() and n[:-5].isascii()),
+                         reverse=True)
+        for number in numbers:
+            claim = self.load(number)
+            if claim is not None:
+                return claim
+        return None
 
     def claim(self, generation: int, members: tuple[int, ...],
               previous: tuple[int, ...], **resume: Any) -> Optional[str]:
@@ -177,8 +231,10 @@ class Claims:
         member starts a generation that is not claimed for it."""
         why = lineage(generation, members, previous, self.read(generation - 1), None)
         if why is None and not self._create(generation, members, **resume):
-            why = lineage(generation, members, previous, self.read(generation - 1),
-                          self.read(generation) or ())
+            taken = self.read(generation)
+            why = lineage(generation, members, previous, self.read(generation - 1), taken) if (
+                taken is not None) else (f"generation {generation} of this job cannot be "
+                                         f"claimed: {self.dir}/{generation}.json is not its claim")
         return why
 
     def superseded(self, generation: int, members: tuple[int, ...]) -> Optional[str]:
@@ -189,62 +245,18 @@ class Claims:
 
     def _create(self, generation: int, members: tuple[int, ...], **resume: Any) -> bool:
         """Exclusive, and whole: False if the generation is claimed already."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".claim-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"generation": generation, "members": list(members), **resume}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, self.dir / f"{generation}.json")  # EEXIST: someone was first
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
+        text = json.dumps({"generation": generation, "members": list(members), **resume})
+        return self.files.write(f"{generation}.json", text, exclusive=True)
 
     # ------------------------------------------------------------------ rejoin
-    def touch(self, me: int, running: object = 0) -> None:
-        """This launcher runs generation ``running`` (or waits to rejoin:
-        ``JOINING``), every ``ALIVE_EVERY`` seconds."""
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / f"alive-{me}").write_text(str(running))
-        except OSError:
-            pass
-
     def survey(self, me: int) -> Survey:
         """What a starting launcher of node ``me`` finds (``arrival`` decides)."""
         newest = self.newest()
-        was_here = (self.dir / f"alive-{me}").exists()
+        was_here = self.was_here(me)
         self.touch(me, STARTING)
         running, waiting = self.census(me)
         return Survey(self.ended(), None if newest is None else newest.generation,
                       was_here, bool(running), bool(waiting - {me}))
-
-    def census(self, me: int) -> tuple[set[int], set[int]]:
-        """(the other nodes running a generation here, the nodes waiting to
-        rejoin): those whose alive files are fresh, by the file system's
-        clock (``me``'s file, just touched: the nodes' clocks may differ)."""
-        try:
-            now = (self.dir / f"alive-{me}").stat().st_mtime
-        except OSError:
-            now = time.time()
-        running: set[int] = set()
-        waiting: set[int] = set()
-        for path in self.dir.glob("alive-*"):
-            node = path.name[len("alive-"):]
-            try:
-                fresh = now - path.stat().st_mtime < ALIVE_STALE
-                says = path.read_text()
-            except OSError:
-                continue
-            if fresh and node.isdigit():
-                if says.isdigit() and int(node) != me:
-                    running.add(int(node))
-                elif says == JOINING:
-                    waiting.add(int(node))
-        return running, waiting
 
     def adopt(self, me: int,
               progress: Callable[[], tuple[Optional[str], Optional[int]]]) -> None:
@@ -260,38 +272,18 @@ class Claims:
         group = tuple(sorted(waiting | {me}))
         if newest is None or running or self.ended() or group[0] != me:
             return
-        try:  # a fresh claim: its members are starting it (their alive files say so soon)
-            claimed = self.dir / f"{newest.generation}.json"
-            if (self.dir / f"alive-{me}").stat().st_mtime - claimed.stat().st_mtime < ALIVE_STALE:
-                return
-        except OSError:
+        # a fresh claim: its members are starting it (their alive files say so soon)
+        own, claimed = self.files.stat(f"{ALIVE}{me}"), self.files.stat(
+            f"{newest.generation}.json")
+        if own is None or claimed is None or own.st_mtime - claimed.st_mtime < ALIVE_STALE:
             return
         checkpoint, steps = progress()
         self.claim(newest.generation + 1, group, newest.members, checkpoint=checkpoint,
                    steps=steps, restarts=newest.restarts + 1)
 
     def ended(self) -> bool:
-        return (self.dir / "end.json").exists()
+        return self.files.read(END) is not None
 
     def end(self) -> None:
         """The job ended (the final chief): no one waits to rejoin it."""
-        try:
-            (self.dir / "end.json").write_text("{}")
-        except OSError:
-            pass
-
-    def ask_to_join(self, me: int) -> None:
-        (self.dir / f"join-{me}").touch()
-
-    def joiners(self) -> tuple[int, ...]:
-        """The nodes that asked to join."""
-        names = (p.name[len("join-"):] for p in self.dir.glob("join-*"))
-        return tuple(sorted(int(n) for n in names if n.isdigit()))
-
-    def forget_joins(self, members: tuple[int, ...]) -> None:
-        """The nodes of a new claim have joined."""
-        for m in members:
-            try:
-                (self.dir / f"join-{m}").unlink()
-            except OSError:
-                pass
+        self.files.write(END, "{}")

@@ -212,9 +212,11 @@ def run(
     def one(gen: Generation) -> tuple[int, Decision, frozenset[int]]:
         return _generation(build, args, env, options, extra_env, gen)
 
-    # --min-nodes: nodes may continue without others; claims keep that to one group
-    claims = Claims(run_dir_for(info.trial, env)) if (
-        judge is not None and options.min_nodes is not None and info.trial is not None) else None
+    # --min-nodes: nodes may continue without others; claims (signed with the job's key)
+    # keep that to one group. One node has no others (and its secret is its own process's).
+    claims = Claims.open(run_dir_for(info.trial, env), job_secret(info, env), info.num_nodes) if (
+        judge is not None and options.min_nodes is not None and info.trial is not None
+        and info.num_nodes > 1) else None
     sup = options.supervisor  # a rejoining node waits for the job's next checkpoint
     join_timeout = sup.connect_timeout + sup.preempt_grace + sup.kill_after
     lease = None if options.dry_run or run_dir is None else run_lease.Lease(

@@ -6,6 +6,8 @@ stand-in for the supervisor."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 from pathlib import Path
 
@@ -27,6 +29,12 @@ from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.restarts import Decision, Progress
 
 C4 = Progress("ck-4", 4)
+SECRET = "c" * 32
+
+
+def claims_in(run_dir: Path, num_nodes: int = 3) -> Claims:
+    return Claims(run_dir, SECRET, num_nodes)
+
 CHIEF_LOST = Failure(1, "the chief's launcher", 0, "h0", 1.0, how="was lost")
 
 
@@ -81,10 +89,8 @@ def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
     """A partition: nodes 0+2 and node 1 each think the others lost. The first
     claim of generation 1 wins; the other group stops, even when it later tries
     generation 2 on its own."""
-    from determined_launch.claims import Claims
-
-    Claims(tmp_path).start((0, 1, 2))
-    a, b = Claims(tmp_path), Claims(tmp_path)
+    claims_in(tmp_path).start((0, 1, 2))
+    a, b = claims_in(tmp_path), claims_in(tmp_path)
     assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None
     assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None  # the same group again: fine
     assert b.claim(1, (1, 2), previous=(0, 1, 2)) == (
@@ -96,16 +102,16 @@ def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "generations").glob("*.json")) == [
         "0.json", "1.json", "2.json"]  # whole files only, no temporaries
     assert not list((tmp_path / "generations").glob(".claim-*"))
-    Claims(tmp_path).start((0, 1, 2))  # a new job: the old claims go
+    claims_in(tmp_path).start((0, 1, 2))  # a new job: the old claims go
     assert b.claim(1, (1, 2), previous=(0, 1, 2)) is None
 
 
 def test_a_starting_launcher_finds_what_runs_here(tmp_path: Path) -> None:
     import os
 
-    from determined_launch.claims import ALIVE_STALE, JOINING, Claims, Survey
+    from determined_launch.claims import ALIVE_STALE, JOINING, Survey
 
-    c = Claims(tmp_path)
+    c = claims_in(tmp_path)
     assert c.survey(2) == Survey()  # nothing here: a new job
     c.start((0, 1, 2))  # the chief says it runs generation 0
     assert c.survey(1) == Survey(newest=0, others_running=True)  # a late member of a new job
@@ -130,11 +136,11 @@ def test_a_starting_launcher_finds_what_runs_here(tmp_path: Path) -> None:
 
 
 def test_a_generation_with_a_missing_predecessor_is_refused_on_disk(tmp_path: Path) -> None:
-    c = Claims(tmp_path)
+    c = claims_in(tmp_path)
     c.start((0, 1, 2))
     assert c.claim(1, (1, 2), (0, 1, 2)) is None
     assert c.superseded(1, (1, 2)) is None
-    Claims(tmp_path).start((0, 1, 2))  # a relaunched chief removed the claims (old code)
+    claims_in(tmp_path).start((0, 1, 2))  # a relaunched chief removed the claims (old code)
     assert c.superseded(1, (1, 2)) == "the claim of its generation 1 is gone from the run directory"
     assert c.claim(2, (1,), (1, 2)) == (
         "generation 1 of this job is not in the run directory (a new job started there)")
@@ -154,7 +160,7 @@ def test_waiting_nodes_adopt_a_job_that_nobody_runs(tmp_path: Path) -> None:
         reads.append(1)
         return "ck-8", 8
 
-    c = Claims(tmp_path)
+    c = claims_in(tmp_path)
     c.start((0, 1, 2))
     assert c.claim(1, (0, 1), (0, 1, 2), restarts=1) is None
     c.touch(0, 1)  # node 0 runs generation 1; nodes 1 and 2 wait to rejoin
@@ -190,7 +196,7 @@ def test_a_relaunched_chief_rejoins_instead_of_starting_over(
     still run generation 0: it must not remove the job's claims and start a
     generation 0 of its own (the old code did: two memberships on one run
     directory), but ask to rejoin."""
-    claims = Claims(tmp_path)
+    claims = claims_in(tmp_path)
     claims.start((0, 1, 2))  # the first chief, since killed
     claims.touch(1, 0)
     claims.touch(2, 0)
@@ -215,7 +221,7 @@ def test_every_member_checks_the_claim_before_it_starts_a_generation(
     """After the chief's loss node 2 decides alone to continue on nodes 1, 2;
     generation 1 was claimed by nodes 0, 2 meanwhile. The old code let node 2
     (not the claimer) start it anyway."""
-    claims = Claims(tmp_path)
+    claims = claims_in(tmp_path)
     claims.start((0, 1, 2))
     assert claims.claim(1, (0, 2), (0, 1, 2)) is None
     # nobody runs it: node 2 is no newcomer
@@ -236,7 +242,7 @@ def test_the_last_survivors_of_a_lost_chief_end_the_job(tmp_path: Path) -> None:
     """Below --min-nodes after the chief's loss, the lowest survivor writes
     end.json (the old code left it to the chief, which was gone), so a node
     started again later is told the job ended instead of waiting for it."""
-    claims = Claims(tmp_path)
+    claims = claims_in(tmp_path)
     claims.start((0, 1))
     (tmp_path / "generations" / "alive-0").unlink(missing_ok=True)
     j = judge(1, n=2, min_nodes=2)
@@ -296,7 +302,7 @@ def test_a_node_superseded_by_a_generation_that_takes_it_in_goes_on_there(
     waiting to rejoin adopted the job they thought nobody ran): its
     generation stops, and it goes on in generation 1 instead of ending (the
     old code ended: the job was left without its nodes)."""
-    claims = Claims(tmp_path)
+    claims = claims_in(tmp_path)
     claims.start((0, 1, 2))
     j, calls = judge(1), []
 
@@ -311,3 +317,139 @@ def test_a_node_superseded_by_a_generation_that_takes_it_in_goes_on_there(
 
     assert generations.run_generations(info(1), j, one, claims, join_timeout=0.3)[0] == 0
     assert calls == [0, 1]
+
+
+# ------------------------------------------------------------ untrusted files (issue 34 §8, §9)
+def test_a_claim_must_fit_the_job_to_count() -> None:
+    from determined_launch.claims import parse_claim
+
+    assert parse_claim(1, '{"generation": 1, "members": [0, 2], "restarts": 1}', 3) == Claim(
+        1, (0, 2), restarts=1)
+    assert parse_claim(1, '{"generation": 2, "members": [0]}', 3) == (
+        "it claims generation 2, not 1")
+    for members in ("[7]", "[]", "[1, 0]", "[0, 0]", "[-1]", '["0"]', "[true]", "0"):
+        assert parse_claim(1, f'{{"generation": 1, "members": {members}}}', 3) == (
+            f"its members {json.loads(members)!r} are not nodes of this 3-node job")
+    assert parse_claim(1, '{"generation": 1, "members": [0], "restarts": -1}', 3) == (
+        "its checkpoint, steps or restarts are malformed")
+    assert parse_claim(1, '{"generation": 1, "members": [0], "evil": 1}', 3) == "not a claim"
+    assert parse_claim(1, "[" * 100_000, 3) == "not JSON"
+
+
+def test_presence_files_name_nodes_of_the_job() -> None:
+    from determined_launch.presence import rank_of
+
+    assert rank_of("join-1", "join-", 2) == 1
+    assert [rank_of(n, "join-", 2) for n in ("join-7", "join-01", "join-", "join-١", "alive-1")] \
+        == [None] * 5
+
+
+def test_unsigned_or_foreign_claim_files_are_ignored_and_named_once(tmp_path: Path) -> None:
+    """Issue 34 §9: in a 2-node job, ``touch generations/join-7`` made the chief
+    preempt and both launchers die with an IndexError; an injected ``1.json``
+    with members [0] stopped node 1 while node 0 went on alone."""
+    told: list[str] = []
+    c = Claims(tmp_path, SECRET, 2, say=told.append)
+    c.start((0, 1))
+    c.touch(1, 0)
+    gens = tmp_path / "generations"
+    (gens / "join-7").touch()
+    (gens / "join-1").touch()  # a rank of the job, unsigned
+    (gens / "1.json").write_text('{"generation": 1, "members": [0]}')
+    (gens / "alive-0").write_text("join")  # node 0 does not wait to rejoin
+    other = Claims(tmp_path, "another job's secret!" * 2, 2, say=lambda _: None)
+    other.files.write("2.json", '{"generation": 2, "members": [0]}')  # another job's key
+    for _ in range(3):
+        assert c.joiners() == ()
+        assert c.superseded(0, (0, 1)) is None
+        assert c.newest() == Claim(0, (0, 1))
+        assert c.census(1) == (set(), set())
+    assert c.claim(1, (0, 1), (0, 1)) == (  # denied (a writer can always delete), not misled
+        f"generation 1 of this job cannot be claimed: {gens}/1.json is not its claim")
+    assert sorted(told) == sorted(f"ignoring {gens}/{name}: {why}" for name, why in (
+        ("join-7", "names no node of this 2-node job"),
+        ("join-1", "not signed with this job's key (another job's, or not a launcher's)"),
+        ("1.json", "not signed with this job's key (another job's, or not a launcher's)"),
+        ("2.json", "not signed with this job's key (another job's, or not a launcher's)"),
+        ("alive-0", "not signed with this job's key (another job's, or not a launcher's)")))
+
+
+OTHER_USER = "det-launch-other"
+
+
+@pytest.fixture(scope="module")
+def other_user() -> tuple[int, int]:
+    """A real second uid (and its own group): the other writer of a shared run directory."""
+    import pwd
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to make a second user")
+    try:
+        pw = pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--user-group",
+                        "--shell", "/usr/sbin/nologin", OTHER_USER], capture_output=True)
+        pw = pwd.getpwnam(OTHER_USER)  # made here, or by a test beside this one
+    return pw.pw_uid, pw.pw_gid
+
+
+def as_user(uid_gid: tuple[int, int], script: str) -> None:
+    """``script`` as that user (sh: root's Python may be out of the user's reach)."""
+    import subprocess
+
+    subprocess.run(["/bin/sh", "-ec", script], user=uid_gid[0], group=uid_gid[1],
+                   extra_groups=[], check=True, timeout=30)
+
+
+def test_a_second_user_cannot_make_the_launcher_write_through_links(
+        other_user: tuple[int, int]) -> None:
+    """Issue 34 §8: a user who can write the (group-shared) run directory
+    swaps ``generations`` for a directory of links to root's files, or for a
+    link to root's directory; the root-run launcher's alive, join and end
+    writes overwrote ``/victim/file`` and created files anywhere. A run
+    directory writable by a group that is not the job's is refused."""
+    import shutil
+    import stat
+    import tempfile
+
+    from determined_launch.errors import LaunchError
+
+    base = Path(tempfile.mkdtemp(prefix="det-claims-"))  # outside root's 0700 pytest dir
+    try:
+        base.chmod(0o755)
+        victims = base / "victim"
+        victims.mkdir(mode=0o755)
+        precious = victims / "file"
+        precious.write_text("precious")
+        run = base / "run"
+        run.mkdir()
+        os.chown(run, 0, other_user[1])
+        run.chmod(0o2770)  # writable by the other user's group
+        with pytest.raises(LaunchError, match=rf"^run directory {run} is writable by group "
+                                              rf"{other_user[1]}, which this job's user is "
+                                              r"not in \(mode 2770\): --min-nodes"):
+            Claims.open(run, SECRET, 2)
+        c = Claims(run, SECRET, 2)  # as if the group were the job's
+        c.start((0, 1))
+        as_user(other_user, f"""cd {run}
+            mv generations old && mkdir -m 777 generations
+            for name in alive-0 join-0 end.json; do ln -s {precious} generations/$name; done""")
+        c.touch(0, 1)
+        c.ask_to_join(0)
+        c.end()
+        assert precious.read_text() == "precious"
+        for name in ("alive-0", "join-0", "end.json"):
+            assert stat.S_ISREG(os.lstat(run / "generations" / name).st_mode)
+        assert c.ended() and c.joiners() == (0,)
+        as_user(other_user, f"cd {run} && rm -r generations && ln -s {victims} generations")
+        c.touch(0, 1)
+        c.ask_to_join(1)
+        assert c.claim(1, (0, 1), (0, 1)) is not None
+        assert sorted(os.listdir(victims)) == ["file"] and precious.read_text() == "precious"
+        c.start((0, 1))  # a new job removes the link, not what it points to
+        assert not (run / "generations").is_symlink() and c.newest() == Claim(0, (0, 1))
+        assert sorted(os.listdir(victims)) == ["file"]
+    finally:
+        shutil.rmtree(base)

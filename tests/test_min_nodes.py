@@ -5,7 +5,6 @@ whose weight depends on every sample's position."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from determined_launch import config, generations
+from determined_launch.claims import Claims
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
 from determined_launch.supervisor.events import Failure
@@ -326,8 +326,8 @@ def test_losing_the_chief_continues_on_the_others_with_the_exact_weight(
         assert re.search(r"restart 1 of 2 after the chief's launcher on node 0 .*continuing "
                          r"without node 0 on nodes 1, 2", node.stderr), node.stderr
         assert "job succeeded on 2 nodes (exit status 0) after 1 restart" in node.stderr
-    claim = json.loads((tmp_path / "run" / "generations" / "1.json").read_text())
-    assert claim["members"] == [1, 2]  # claimed by its chief
+    claim = Claims(tmp_path / "run", "m" * 32, 3).load(1)  # signed with the job's key
+    assert claim is not None and claim.members == (1, 2)  # claimed by its chief
     for node in nodes:
         assert node.leftovers() == []
 
@@ -359,8 +359,8 @@ def test_a_lost_node_that_comes_back_rejoins_with_the_exact_weight(
     assert re.search(r"node 2 rejoins: continuing on nodes 0, 1, 2 \(generation 2\)",
                      nodes[0].stderr), nodes[0].stderr
     assert "job succeeded on 3 nodes (exit status 0) after 1 restart" in nodes[0].stderr
-    claim = json.loads((tmp_path / "run" / "generations" / "2.json").read_text())
-    assert claim["members"] == [0, 1, 2] and claim["restarts"] == 1
+    claim = Claims(tmp_path / "run", "m" * 32, 3).load(2)
+    assert claim is not None and claim.members == (0, 1, 2) and claim.restarts == 1
     for node in (*nodes, again):
         assert node.leftovers() == []
 
@@ -384,3 +384,22 @@ def test_below_min_nodes_the_job_fails_naming_the_lost_node(tmp_path: Path,
             "--min-nodes 2") in nodes[0].stderr, nodes[0].stderr
     assert "det-launch: restart" not in nodes[0].stderr
     assert nodes[0].leftovers() == []
+
+
+def test_a_run_directory_anyone_may_write_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 34 §8: ``--min-nodes`` keeps its claims in the run directory;
+    one that everyone may write is refused before anything starts."""
+    import subprocess
+
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    argv, env = node_command(tmp_path, 0, 2, free_port_block(),
+                             ("--max-restarts", "1", "--min-nodes", "1"))
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"det-launch: error: run directory {run} is writable by everyone "
+                           f"(mode 0777): --min-nodes keeps its nodes' claims there; share it "
+                           f"with the job's own group at most (chmod o-w,g-w or chgrp) or set "
+                           f"DET_RUN_DIR elsewhere\n")
+    assert not (run / "generations").exists()
