@@ -48,6 +48,16 @@ WRAP_RANK_STATUS_DIR = "WRAP_RANK_STATUS_DIR"
 # not a variable): a rank that then dies at interpreter exit is reported as one
 # that had finished its work.
 RANK_FINISHED_FILE = "rank-{rank}.finished"
+# A collective that failed because peers vanished writes "<that dir>/rank-<N>.lost-<P,Q>"
+# (an empty file; the name is the note): rank N's failure is a consequence of theirs,
+# so the verdict never names N first while one of them failed too.
+RANK_LOST_FILE = "rank-{rank}.lost-{peers}"
+# While core.init()'s context is open, each rank keeps "<that dir>/rank-<N>.progress" (pid, steps,
+# busy seconds, time; rewritten at most once a second) for the launcher's hang watchdog and
+# straggler check, and dumps its Python stacks into "rank-<N>.stack" on PROGRESS_STACK_SIGNAL.
+RANK_PROGRESS_FILE = "rank-{rank}.progress"
+RANK_STACK_FILE = "rank-{rank}.stack"
+PROGRESS_STACK_OFFSET = 5  # the signal is SIGRTMIN + this: no one else's
 
 # --- multi-node modes of the Horovod and DeepSpeed launchers -----------------
 SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)

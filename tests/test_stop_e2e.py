@@ -124,3 +124,20 @@ def test_missing_script_names_a_genuine_failure_never_our_term_30_times(
             assert status == 2, (attempt, launch.stderr)
             assert "exited with status 2 first" in summary, (attempt, summary)
             assert "SIGTERM" not in summary, (attempt, summary)
+
+
+def test_the_rank_that_died_first_is_named_though_its_peer_exited_first(
+    launches: list[Launch]
+) -> None:
+    """Rank 1 raises, then its teardown lasts 1.5 s; rank 0 sees it vanish and exits at
+    once. By exit times rank 0 was first (the old summary named it, exit status 1)."""
+    env = base_env(DET_LAUNCH_SLOTS="2", DET_KILL_AFTER="5")
+    launch = Launch(launcher_cmd(sys.executable, str(WORKERS / "slow_dying_rank.py")), env)
+    launches.append(launch)
+    status = launch.wait(120)
+    # torchrun's teardown may end rank 1's slow exit: then the status is rank 0's
+    assert ("job failed: rank 1 on node 0 (127.0.0.1) exited with status 7 first" in
+            launch.stderr and status == 7) or (
+        "job failed: rank 1 on node 0 (127.0.0.1) failed (rank 0 lost its connection to it;"
+        in launch.stderr and status == 1), launch.stderr
+    assert not launch.leftovers()

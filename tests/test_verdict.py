@@ -169,6 +169,58 @@ def test_deaths_after_the_stop_never_become_the_verdict() -> None:
     assert verdict.result == 2 and "rank 1" in verdict.summary()
 
 
+def test_a_rank_that_noticed_a_lost_peer_is_never_named_before_that_peer() -> None:
+    """Rank 1 raises and its interpreter's teardown is slow; rank 0 notices the
+    disconnect, notes it (core's rank-0.lost-1), and exits first. Rank 1 is named,
+    with its own status, although it exited after the stop began."""
+    verdict = make(roles=("worker",))
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankLostPeers(0, (1,)))
+    c.send(v.RankExited(0, 1, 1000.9))  # the stop begins at wall 1001.0
+    c.at(1.5).send(v.RankExited(1, 7, 1001.5))
+    c.send(v.ProcessExited(0, 7, 1001.6))
+    assert verdict.result == 7
+    assert "rank 1 on node 0 (h0) exited with status 7 first (2 ranks failed)" in \
+        verdict.summary()
+
+
+def test_a_lost_peer_ended_by_our_stop_is_named_with_the_noticing_ranks_status() -> None:
+    verdict = make(roles=("worker",))
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankLostPeers(0, (1,)))
+    c.send(v.RankExited(0, 1, 1000.9))
+    c.at(1.5).send(v.RankExited(1, 143, 1001.5))  # our TERM ended its slow teardown
+    c.send(v.ProcessExited(0, 143, 1001.6))
+    assert verdict.result == 1  # never the status of a death we caused
+    assert "rank 1 on node 0 (h0) failed (rank 0 lost its connection to it; our stop then " \
+           "ended it, status 143) first (2 ranks failed); exit status 1" in verdict.summary()
+
+
+def test_without_a_note_a_death_after_the_stop_is_still_ours() -> None:
+    verdict = make(roles=("worker",))
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankLostPeers(0, (2,)))  # blames another rank, not the late one
+    c.send(v.RankExited(0, 1, 1000.9))
+    c.at(1.5).send(v.RankExited(1, 7, 1001.5))
+    c.send(v.ProcessExited(0, 1, 1001.6))
+    assert verdict.result == 1 and "rank 0 on node 0" in verdict.summary()
+
+
+def test_mutual_blame_falls_back_to_the_earliest() -> None:
+    a = v.Failure(1, "rank 0", 0, "h", 2.0, blames=("rank 1",))
+    b = v.Failure(1, "rank 1", 0, "h", 1.0, blames=("rank 0",))
+    assert v.pick_cause([a, b]) == b
+    assert v.Failure.from_message(a.to_message()) == a
+
+
+def test_lost_peer_notes_are_parsed_strictly() -> None:
+    from determined_launch.supervisor.files import lost_peers
+    assert lost_peers("rank-3.lost-0,12") == v.RankLostPeers(3, (0, 12))
+    for bad in ("rank-3.lost-", "rank-x.lost-1", "rank-3.lost-1,a", "rank-3.json",
+                "rank-3.lost-" + ",".join(["1"] * 40)):
+        assert lost_peers(bad) is None, bad
+
+
 def test_two_ranks_failing_alike_names_the_earliest_and_counts_both() -> None:
     verdict = make()
     c = Clock(verdict).at(1.0)

@@ -59,7 +59,8 @@ class Failure:
     messages from other hosts carry it). ``how`` replaces the usual "exited
     with status N" (a lost launcher, an expired grace period).
     ``interrupt`` marks a stop someone asked for (SIGINT, an unheeded
-    preemption): never preferred over a genuine failure.
+    preemption): never preferred over a genuine failure. ``blames``: the
+    ranks (``what`` of their failures) whose loss caused this one.
     """
 
     status: int
@@ -69,6 +70,7 @@ class Failure:
     time: float
     how: Optional[str] = None
     interrupt: bool = False
+    blames: tuple[str, ...] = ()
 
     def describe(self) -> str:
         how = self.how or describe_status(self.status)
@@ -89,15 +91,20 @@ class Failure:
                 time=float(msg["time"]),
                 how=None if how is None else str(how),
                 interrupt=bool(msg.get("interrupt", False)),
+                blames=tuple(str(b) for b in msg.get("blames", ())[:32]),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
 
 def pick_cause(candidates: Sequence[Failure]) -> Optional[Failure]:
-    """The earliest genuine failure; else the earliest interruption."""
+    """The earliest genuine failure; else the earliest interruption. A failure
+    caused by losing a rank that failed too is that rank's consequence, never
+    the cause, whichever exited first."""
     genuine = [f for f in candidates if not f.interrupt]
-    pool = genuine or list(candidates)
+    failed = {f.what for f in genuine}
+    primary = [f for f in genuine if failed.isdisjoint(f.blames)]
+    pool = primary or genuine or list(candidates)
     return min(pool, key=lambda f: f.time) if pool else None
 
 
@@ -132,6 +139,22 @@ class RankExited:
     rank: int
     status: int
     time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RankLostPeers:
+    """Rank ``rank``'s collectives failed because ``peers`` vanished."""
+
+    rank: int
+    peers: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankHung:
+    """The hang watchdog: rank ``rank`` made no progress for ``silent`` seconds."""
+
+    rank: int
+    silent: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +210,9 @@ class PeerMessage:
 Event = Union[
     ProcessExited,
     RankExited,
+    RankHung,
     RankFinished,
+    RankLostPeers,
     SignalReceived,
     PreemptFileAppeared,
     JoinRequested,

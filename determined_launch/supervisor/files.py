@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 from determined_launch import envvars
-from determined_launch.supervisor.events import Event, RankExited, RankFinished
+from determined_launch.supervisor.events import Event, RankExited, RankFinished, RankLostPeers
 
 
 def write_private_file(path: str, content: str, mode: int = 0o600) -> None:
@@ -40,6 +40,19 @@ def remove_leftovers(patterns: Iterable[str]) -> None:
                 pass
 
 
+def lost_peers(name: str) -> Optional[RankLostPeers]:
+    """What a "rank-N.lost-P,Q" note says (``core.distributed.wiring``), else None."""
+    prefix, _, rest = envvars.RANK_LOST_FILE.partition("{rank}")
+    middle, _, _ = rest.partition("{peers}")
+    rank, sep, peers = name[len(prefix):].partition(middle)
+    if not (name.startswith(prefix) and sep and rank.isdigit()):
+        return None
+    listed = peers.split(",")
+    if not all(p.isdigit() and len(p) < 8 for p in listed) or len(listed) > 32:
+        return None
+    return RankLostPeers(int(rank), tuple(int(p) for p in listed))
+
+
 def finished_rank(name: str) -> Optional[int]:
     """N for core.init()'s "rank-N.finished" note, else None."""
     prefix, _, suffix = envvars.RANK_FINISHED_FILE.partition("{rank}")
@@ -57,8 +70,15 @@ def status_events(status_dir: str, seen: set[str]) -> list[Event]:
     except OSError:
         return []
     out: list[Event] = []
-    for name in sorted(names):  # "rank-N.finished" before "rank-N.json"
+    # "rank-N.lost-..." and "rank-N.finished" notes before "rank-N.json": a rank's
+    # failure is judged with what it said before it exited
+    for name in sorted(names, key=lambda n: (".lost-" not in n, n)):
         if name in seen:
+            continue
+        lost = lost_peers(name)
+        if lost is not None:
+            seen.add(name)
+            out.append(lost)
             continue
         finished = finished_rank(name)
         if finished is not None:

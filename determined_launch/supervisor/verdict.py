@@ -23,10 +23,11 @@ order at a time:
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from typing import Optional
 
-from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
+from determined_launch.errors import EXIT_HUNG, EXIT_OK, EXIT_PREEMPTED
 from determined_launch.supervisor import peers
 from determined_launch.supervisor.events import (
     _TEARDOWN_STATUSES,
@@ -45,6 +46,8 @@ from determined_launch.supervisor.events import (
     ProcessExited,
     RankExited,
     RankFinished,
+    RankHung,
+    RankLostPeers,
     Role,
     SendToChief,
     Settings,
@@ -89,6 +92,7 @@ class Verdict:
         self.alive = set(range(len(settings.roles)))
         self.worker_status: dict[int, int] = {}
         self.finished_ranks: set[int] = set()  # their core.init() exited cleanly
+        self.lost_peers: dict[int, tuple[int, ...]] = {}  # rank -> the peers it lost
         self.candidates: list[Failure] = []
         self.chief_cause: Optional[Failure] = None  # node: the chief's verdict
         self.chief_failures = 0  # node: genuine failures the chief counted
@@ -179,8 +183,15 @@ class Verdict:
         out: list[Action] = []
         if isinstance(event, ProcessExited):
             self._process_exited(event, now, wall, out)
+        elif isinstance(event, RankHung):
+            if self.phase == Phase.RUNNING:
+                how = f"hung: no progress for {event.silent:.0f} s"
+                self.note(Failure(EXIT_HUNG, f"rank {event.rank}", self.s.me, self.s.host, wall,
+                                  how=how), now, wall, out)
         elif isinstance(event, RankFinished):
             self.finished_ranks.add(event.rank)
+        elif isinstance(event, RankLostPeers):
+            self.lost_peers.setdefault(event.rank, event.peers)
         elif isinstance(event, RankExited):
             if event.status != 0:
                 self.note(self._rank_failure(event), now, wall, out)
@@ -237,7 +248,9 @@ class Verdict:
         if e.rank in self.finished_ranks:  # its work was done: say so
             how = (f"had finished its work (core.init() exited cleanly) and then "
                    f"{describe_status(e.status)}")
-        return Failure(e.status, f"rank {e.rank}", self.s.me, self.s.host, e.time, how=how)
+        blames = tuple(f"rank {p}" for p in self.lost_peers.get(e.rank, ()))
+        return Failure(e.status, f"rank {e.rank}", self.s.me, self.s.host, e.time, how=how,
+                       blames=blames)
 
     def _process_exited(self, e: ProcessExited, now: float, wall: float, out: list[Action]) -> None:
         if e.index not in self.alive:
@@ -323,9 +336,19 @@ class Verdict:
             out.append(Broadcast(message(Kind.PREEMPT)))
 
     def note(self, f: Failure, now: float, wall: float, out: list[Action]) -> None:
-        """A failure (or interruption) report; deaths after our stop are ours."""
+        """A failure (or interruption) report; deaths after our stop are ours,
+        except a rank's that another rank lost before the stop: it was dying
+        already (its teardown outlasted the stop's start)."""
+        blamer = next((c for c in self.candidates if not c.interrupt and f.what in c.blames),
+                      None)
         if self.stop_wall is not None and f.time >= self.stop_wall:
-            return
+            if blamer is None:
+                return
+            if f.status in _TEARDOWN_STATUSES:  # our stop ended its teardown: its own status
+                # is unknown, and ours is never the job's; the rank that noticed has one
+                f = dataclasses.replace(f, status=blamer.status, how=(
+                    f"failed ({blamer.what} lost its connection to it; our stop then ended "
+                    f"it, status {f.status})"))
         if self.decided_cause is not None or self.chief_cause is not None:
             return
         if self.result is not None and not self.result_from_cause:

@@ -37,6 +37,25 @@ def _tcp_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def note_lost_peers(rank: int, peers: tuple[int, ...],
+                    env: Optional[dict[str, str]] = None) -> None:
+    """Tell our launcher that this rank's failure is a consequence of ``peers``
+    vanishing. Why: the peer that died first may take longer to exit (its
+    interpreter's teardown) than this rank takes to notice and exit, and the
+    launcher orders failures by exit time; this note keeps it from naming the
+    rank that only noticed. Outside our launchers, and on any error: nothing."""
+    status_dir = (os.environ if env is None else env).get(envvars.WRAP_RANK_STATUS_DIR)
+    others = sorted({p for p in peers if p != rank})[:32]  # a file name stays short
+    if not status_dir or not others:
+        return
+    name = envvars.RANK_LOST_FILE.format(rank=rank, peers=",".join(map(str, others)))
+    try:
+        os.close(os.open(os.path.join(status_dir, name),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except OSError:
+        pass  # a hint for the summary, never a reason to fail differently
+
+
 def _nothing() -> None:
     pass
 
@@ -306,6 +325,7 @@ class Wiring:
                 for member in (self.global_member, self.local_member):
                     if member is not None:
                         member.report(e)
+            note_lost_peers(self.layout.rank, e.missing_ranks)
             return e
         if not isinstance(e, Exception):  # interrupted mid-protocol
             return DistributedError(f"a collective was interrupted by {e!r}")
