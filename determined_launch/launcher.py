@@ -109,6 +109,7 @@ class LauncherOptions:
                 preempt_file=v["preempt_file"] or None,
                 connect_timeout=v["connect_timeout"],
                 verbose=v["verbose"],
+                hang_timeout=v["hang_timeout"],
             ),
             dry_run=v["dry_run"],
             requeue=v["requeue"],
@@ -199,6 +200,8 @@ def run(
     check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
     # --config's searcher metric and unit, as det-launch experiment hands them to trials
     extra_env = searcher_env(options.local_trial, env)
+    if options.local_trial.config:  # the workers' pytorch context.config_data reads its data:
+        extra_env.setdefault(CONFIG_ENV, os.path.abspath(options.local_trial.config))
     if run_dir is not None:
         extra_env[envvars.RUN_DIR] = str(run_dir)
     if options.report_to:  # a missing package is one line here, before any worker starts

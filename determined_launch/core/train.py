@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from determined_launch.core import _progress
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
 from determined_launch.core._train_local import LocalTrainCalls
@@ -27,8 +28,12 @@ class TrainContext(LocalTrainCalls):
 
     Each report is one JSON line in ``<run_dir>/<group>.jsonl`` with the
     fields ``time``, ``trial_id``, ``steps_completed`` and ``metrics``
-    (plus ``batch_metrics`` when given). Only the chief may report.
+    (plus ``batch_metrics`` when given). Only the chief may report. Each
+    report logs one line unless ``log_reports`` is off (the PyTorch Trainer
+    logs its own line instead).
     """
+
+    log_reports = True
 
     def __init__(self, dist: Collectives, run_dir: RunDir,
                  tensorboard: Optional[TensorboardManager] = None,
@@ -67,19 +72,30 @@ class TrainContext(LocalTrainCalls):
 
     def report_training_metrics(
         self,
-        steps_completed: int,
-        metrics: Mapping[str, Any],
+        steps_completed: Optional[int] = None,
+        metrics: Optional[Mapping[str, Any]] = None,
         batch_metrics: Optional[list[Mapping[str, Any]]] = None,
+        *,
+        latest_batch: Optional[int] = None,
     ) -> None:
-        """Append to ``training.jsonl``."""
-        self._report(
-            "report_training_metrics()", "training", steps_completed, metrics, batch_metrics
-        )
+        """Append to ``training.jsonl``. ``latest_batch``: the Core API's first
+        name for ``steps_completed`` (accepted with one deprecation line)."""
+        method = "report_training_metrics()"
+        steps = _steps(method, steps_completed, latest_batch)
+        self._report(method, "training", steps, _required(method, metrics), batch_metrics)
 
-    def report_validation_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+    def report_validation_metrics(
+        self,
+        steps_completed: Optional[int] = None,
+        metrics: Optional[Mapping[str, Any]] = None,
+        *,
+        latest_batch: Optional[int] = None,
+    ) -> None:
         """Append to ``validation.jsonl``. Independent of the searcher metric,
-        which ``op.report_completed()`` reports."""
-        self._report("report_validation_metrics()", "validation", steps_completed, metrics)
+        which ``op.report_completed()`` reports. ``latest_batch``: as above."""
+        method = "report_validation_metrics()"
+        steps = _steps(method, steps_completed, latest_batch)
+        self._report(method, "validation", steps, _required(method, metrics))
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Append to ``<group>.jsonl``; ``group`` is letters, digits, ``_`` and ``-``."""
@@ -106,9 +122,12 @@ class TrainContext(LocalTrainCalls):
         batch_metrics: Optional[list[Mapping[str, Any]]] = None,
     ) -> None:
         require_chief(self._dist, method)
+        _progress.beat()
         if not isinstance(metrics, Mapping):
             raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
-        logger.info("%s: steps_completed=%s, %s", method, steps_completed, plain_metrics(metrics))
+        if self.log_reports:
+            logger.info("%s: steps_completed=%s, %s", method, steps_completed,
+                        plain_metrics(metrics))
         record: dict[str, Any] = {"steps_completed": steps_completed, "metrics": dict(metrics)}
         if batch_metrics is not None:
             record["batch_metrics"] = [dict(m) for m in batch_metrics]
@@ -117,3 +136,28 @@ class TrainContext(LocalTrainCalls):
             self._tensorboard.on_report(group, steps_completed, metrics)
         if self._trackers is not None:
             self._trackers.report(group, steps_completed, metrics)
+
+
+_warned_latest_batch: set[str] = set()
+
+
+def _steps(method: str, steps_completed: Optional[int], latest_batch: Optional[int]) -> int:
+    """``steps_completed``, or ``latest_batch`` (the Core API's first name for
+    it, as Determined's 0.17 blog post calls it) with one deprecation line."""
+    if latest_batch is None:
+        if steps_completed is None:
+            raise TypeError(f"{method} missing required argument: 'steps_completed'")
+        return steps_completed
+    if steps_completed is not None:
+        raise TypeError(f"{method}: give steps_completed or latest_batch (its old name), "
+                        "not both")
+    if method not in _warned_latest_batch:
+        _warned_latest_batch.add(method)
+        logger.warning("%s: latest_batch= is deprecated; use steps_completed=", method)
+    return latest_batch
+
+
+def _required(method: str, metrics: Optional[Mapping[str, Any]]) -> Mapping[str, Any]:
+    if metrics is None:
+        raise TypeError(f"{method} missing required argument: 'metrics'")
+    return metrics

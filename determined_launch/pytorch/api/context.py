@@ -82,6 +82,14 @@ class PyTorchTrialContext:
     _aggregation_frequency = _optim_state("_aggregation_frequency")
     _is_pre_trainer = _optim_state("_is_pre_trainer")
 
+    @property
+    def _managed_training(self) -> bool:
+        return bool(self._optim._managed_training)
+
+    @_managed_training.setter
+    def _managed_training(self, value: bool) -> None:  # Determined's tests set it
+        self._optim._managed_training = value
+
     def __init__(
         self,
         core_context: Any,
@@ -103,7 +111,6 @@ class PyTorchTrialContext:
         self._num_gpus = num_gpus
         self._exp_conf = exp_conf
         self._steps_completed = steps_completed
-        self._managed_training = managed_training
         self._debug_enabled = debug_enabled
         self._enable_tensorboard_logging = enable_tensorboard_logging
         self._slots_per_trial = slots_per_trial
@@ -115,7 +122,7 @@ class PyTorchTrialContext:
                 hparams, self.distributed.size
             )
 
-        self.device = self._pick_device()
+        self.device = self._pick_device(managed_training)
         self._on_cpu = self.device.type == "cpu"
         self._optim = Optimization(
             self.device, self.distributed, managed_training, aggregation_frequency
@@ -140,8 +147,8 @@ class PyTorchTrialContext:
         self.profiler: Any = None
         self.experimental = PyTorchExperimentalContext(self)
 
-    def _pick_device(self) -> torch.device:
-        if not self._managed_training or self._num_gpus <= 0 or not torch.cuda.is_available():
+    def _pick_device(self, managed_training: bool) -> torch.device:
+        if not managed_training or self._num_gpus <= 0 or not torch.cuda.is_available():
             return torch.device("cpu")
         index = getattr(self.distributed, "local_rank", 0) if self.distributed.size > 1 else 0
         torch.cuda.set_device(local_gpu(index, getattr(self.distributed, "local_size", 1)))
@@ -368,10 +375,8 @@ class PyTorchTrialContext:
         """``ctx.training.hparams`` (seed 002) = ``ctx.get_hparams()``."""
         return types.SimpleNamespace(hparams=self.get_hparams())
 
-    @property
-    def config_data(self) -> dict[str, Any]:
-        """``ctx.config_data`` (seed 002) = ``ctx.get_data_config()``."""
-        return self.get_data_config()
+    hparams = property(seed002.hparams)
+    config_data = property(seed002.config_data)
 
     build_trial = seed002.build_trial
     train = seed002.train

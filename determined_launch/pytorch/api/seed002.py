@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     from determined_launch.pytorch.api.trial import PyTorchTrial
 
 logger = logging.getLogger("determined_launch.pytorch")
+
+#: the experiment config's variable (det-launch --config); cluster/local_trial.py reads it too
+CONFIG_ENV = "DET_LAUNCH_CONFIG"
+_CONFIG_MAX_BYTES = 1 << 20
 
 
 #: Bound by ``api.trainer`` and ``checkpoints.load`` (the package imports
@@ -31,6 +37,44 @@ def bind(*, trainer_class: Any = None, load_trial_from_path: Optional[Callable[.
         _bound["trainer_class"] = trainer_class
     if load_trial_from_path is not None:
         _bound["load_trial_from_path"] = load_trial_from_path
+
+
+def hparams(self: Any) -> Any:
+    """``ctx.hparams`` (seed 002, on the trial's context) = ``ctx.get_hparams()``."""
+    return self.get_hparams()
+
+
+def config_data(self: Any) -> dict[str, Any]:
+    """``ctx.config_data`` (seed 002): the ``data`` block of the experiment
+    config: ``init(exp_conf=)``'s, else that of the file ``DET_LAUNCH_CONFIG``
+    names (``det-launch --config EXP.yaml``, ``det job run``); ``{}`` without either."""
+    if self._exp_conf is not None:
+        return dict(self._exp_conf.get("data") or {})
+    path = os.environ.get(CONFIG_ENV, "").strip()
+    return config_file_data(path) if path else {}
+
+
+def config_file_data(path: str) -> dict[str, Any]:
+    """The ``data`` block of the config file ``path``; a mistake is one
+    ``ValueError`` line naming the file."""
+    from determined_launch import values
+
+    where = f"config_data: {path} ({CONFIG_ENV})"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read: {e.strerror or e}") from None
+    if len(raw) > _CONFIG_MAX_BYTES:
+        raise ValueError(f"{where}: larger than {_CONFIG_MAX_BYTES >> 20} MiB")
+    doc = values.yaml_document(raw.decode("utf-8", "replace"), where,
+                               "pip install 'determined_launch[torch]'")
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: data: expected a mapping, got {type(data).__name__}")
+    return data
 
 
 def build_trial(self: Any, trial_cls: type[PyTorchTrial], *args: Any, **kwargs: Any) -> Any:
@@ -78,22 +122,45 @@ def load_checkpoint_trial(
     storage_id: Optional[str] = None, **trial_kwargs: Any,
 ) -> Any:
     """Experimental (seed 002): the trial restored from ``storage_id`` in this
-    run's checkpoint storage (default: the newest checkpoint of this run).
-    ``trial_id`` is accepted for the seed's signature; without a master the
-    run directory decides which trial's checkpoints are "latest"."""
+    run's checkpoint storage, else from the newest checkpoint of trial
+    ``trial_id`` in the experiments root (``det e list-trials``), else from
+    this run's newest checkpoint."""
     load = _bound.get("load_trial_from_path")
     if load is None:  # bound by checkpoints.load, which the package imports
         raise RuntimeError("determined_launch.pytorch.checkpoints.load is not imported")
     core = self._core
-    if trial_id is not None:
-        logger.debug("load_checkpoint_trial(trial_id=%s): using this run's storage", trial_id)
+    kwargs = {"trial_class": trial_cls, "trial_kwargs": trial_kwargs or None}
+    if storage_id is None and trial_id is not None and trial_id != self.get_trial_id():
+        storage, storage_id = trial_checkpoint(int(trial_id))
+        local = pathlib.Path(storage, storage_id)
+        if "://" not in storage and (local / "metadata.json").is_file():
+            return load(str(local), **kwargs)
+        # object storage: the experiment's, which this run's core reads too (DET_CHECKPOINT_STORAGE)
     sid = storage_id or core.checkpoint.latest()
     if sid is None:
         raise ValueError(
-            "load_checkpoint_trial(): this run has no checkpoint yet; pass storage_id="
+            "load_checkpoint_trial(): this run has no checkpoint yet; pass trial_id= or "
+            "storage_id="
         )
     with core.checkpoint.restore_path(sid) as path:
-        return load(str(path), trial_class=trial_cls, trial_kwargs=trial_kwargs or None)
+        return load(str(path), **kwargs)
+
+
+def trial_checkpoint(trial_id: int) -> tuple[str, str]:
+    """``(storage, storage id)`` of trial ``trial_id``'s newest committed
+    checkpoint in the experiments root (``DET_EXPERIMENTS_DIR``, else
+    ``./det_experiments``; ``det e list-trials``)."""
+    from determined_launch.experiment import root
+
+    where = f"load_checkpoint_trial(trial_id={trial_id})"
+    try:
+        found = root.trial_checkpoints(trial_id)
+    except root.LookupFailed as e:
+        raise ValueError(f"{where}: {e}") from None
+    if not found:
+        raise ValueError(f"{where}: trial {trial_id} has no committed checkpoint in the "
+                         f"experiments root {root.root_dir()}")
+    return str(found[-1]["storage"]), str(found[-1]["uuid"])
 
 
 def predict(self: Any, trial: PyTorchTrial, data_loader: Any) -> list[Any]:
@@ -105,14 +172,21 @@ def predict(self: Any, trial: PyTorchTrial, data_loader: Any) -> list[Any]:
     models = list(self.models)
     for model in models:
         model.eval()
+    from determined_launch.pytorch.metrics.validation import _has_batch_idx
+
     fn = getattr(trial, "predict_batch", None)
+    takes_idx = fn is None and _has_batch_idx(trial.evaluate_batch)
     out: list[Any] = []
     try:
         with torch.no_grad():
             for idx, batch in enumerate(data_loader):
                 batch = self.to_device(batch)
-                out.append(fn(batch) if fn is not None
-                           else trial.evaluate_batch(batch=batch, batch_idx=idx))
+                if fn is not None:
+                    out.append(fn(batch))
+                elif takes_idx:
+                    out.append(trial.evaluate_batch(batch=batch, batch_idx=idx))
+                else:  # seed 002's evaluate_batch(self, batch)
+                    out.append(trial.evaluate_batch(batch=batch))  # type: ignore[call-arg]
     finally:
         for model in models:
             model.train()

@@ -23,6 +23,7 @@ import torch
 
 from determined_launch import core, envvars
 from determined_launch._user import show_info_logs
+from determined_launch.cluster.info import NoHParams
 from determined_launch.core._context import resolve_info
 from determined_launch.core.distributed import DistributedContext
 from determined_launch.pytorch._units import Batch, Epoch, TrainUnit
@@ -123,8 +124,10 @@ def _init(
     show_info_logs()  # `python train.py` shows its progress lines
     info = resolve_info()
     if hparams is None and info.trial is not None:
-        # A superset of upstream (which leaves hparams unset): the trial's own.
-        hparams = dict(info.trial.hparams)
+        # A superset of upstream (which leaves hparams unset): the trial's own; a
+        # bare run's empty NoHParams stays one, whose missing key names the fix.
+        given = info.trial.hparams
+        hparams = given if isinstance(given, NoHParams) else dict(given)
     started_pg = False
     if distributed is None:
         distributed, started_pg = _auto_distributed()
@@ -143,6 +146,7 @@ def _init(
             info=info,
         )
         core_context.tensorboard_path = tensorboard_path  # type: ignore[attr-defined]
+        core_context.train.log_reports = False  # one line per report: the Trainer's own
         with core_context:
             dist = core_context.distributed
             trial_seed = _resolve_seed(info, seed, exp_conf, dist)
@@ -196,6 +200,21 @@ def init(
     distributed setup and the seeds; yields a ``PyTorchTrialContext``."""
     kwargs = dict(locals())  # exactly the arguments above, passed on to _init
     return _InitHandle(lambda: _init(**kwargs))
+
+
+def _searcher_length(length: Optional[int],
+                     global_batch_size: Optional[int]) -> Optional[TrainUnit]:
+    """The searcher's ``max_length`` (the trial's) in the unit the experiment
+    config named (``DET_SEARCHER_UNIT``; batches when it named none)."""
+    if length is None:
+        return None
+    unit = os.environ.get(envvars.SEARCHER_UNIT, "").strip().lower() or "batches"
+    if unit == "records" and not global_batch_size:
+        return None  # no global_batch_size hparam to convert it with: fit()'s stands
+    try:
+        return TrainUnit._from_searcher_unit(int(length), unit, global_batch_size)
+    except ValueError:
+        return None
 
 
 def _check_unit(value: Any, name: str) -> None:
@@ -268,7 +287,7 @@ class Trainer:
         validation_period: Optional[TrainUnit] = None,
         max_length: Optional[TrainUnit] = None,
         reporting_period: TrainUnit = Batch(100),  # noqa: B008 (immutable in practice)
-        checkpoint_policy: str = "best",
+        checkpoint_policy: Optional[str] = None,  # "best" (Determined's default) unless given
         latest_checkpoint: Optional[str] = None,
         step_zero_validation: bool = False,
         test_mode: bool = False,
@@ -283,6 +302,8 @@ class Trainer:
                             (validation_period, "validation_period"),
                             (reporting_period, "reporting_period")):
             _check_unit(value, name)
+        policy_given = checkpoint_policy is not None
+        checkpoint_policy = checkpoint_policy or "best"
         if checkpoint_policy not in _POLICIES:
             raise ValueError(
                 f"fit(checkpoint_policy={checkpoint_policy!r}): use one of {list(_POLICIES)}"
@@ -290,8 +311,9 @@ class Trainer:
         metric, smaller_is_better = self._searcher()
         if self._local_training:
             if checkpoint_policy == "best" and metric is None:
-                logger.warning("checkpoint_policy='best' is not supported in local training "
-                               "mode. Falling back to 'all'.")
+                if policy_given:  # the default falls back quietly
+                    logger.warning("checkpoint_policy='best' is not supported in local "
+                                   "training mode. Falling back to 'all'.")
                 checkpoint_policy = "all"
             if max_length is None:
                 raise ValueError("max_length must be defined in local training mode.")
@@ -300,13 +322,23 @@ class Trainer:
         else:
             if test_mode:
                 raise ValueError("test_mode is only supported in local training mode.")
+            # Seed 002: fit()'s max_length is "ignored by cluster training": the
+            # searcher's (the experiment config's searcher.max_length) wins.
+            searcher_length = _searcher_length(
+                self._info.trial.max_length if self._info.trial else None,
+                self._context._global_batch_size)
             if max_length is None:
-                searcher_length = self._info.trial.max_length if self._info.trial else None
                 if searcher_length is None:
                     raise ValueError("`fit(max_length=X)` must be set to a Batch or Epoch")
-                warnings.warn("fit() without max_length: using the searcher's max_length as "
-                              "Batch(n); pass max_length explicitly", FutureWarning, stacklevel=2)
-                max_length = Batch(int(searcher_length))
+                warnings.warn(f"fit() without max_length: using the searcher's max_length "
+                              f"{searcher_length!r}; pass max_length explicitly", FutureWarning,
+                              stacklevel=2)
+                max_length = searcher_length
+            elif searcher_length is not None and searcher_length != max_length:
+                logger.warning("max_length=%s given to fit() is not used: under a searcher the "
+                               "experiment config's searcher.max_length wins (%s)",
+                               max_length, searcher_length)
+                max_length = searcher_length
             if latest_checkpoint is None and self._info.latest_checkpoint:
                 logger.warning(
                     "latest_checkpoint has not been configured. Pause/resume training will not "

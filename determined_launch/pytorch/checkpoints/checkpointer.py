@@ -26,12 +26,10 @@ logger = logging.getLogger("determined_launch.pytorch")
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    """The package's one version source (``determined_launch.__version__``)."""
+    import determined_launch
 
-        return version("determined_launch")
-    except Exception:  # not installed (a checkout on PYTHONPATH)
-        return "0+local"
+    return str(determined_launch.__version__)
 
 
 class Checkpointer:

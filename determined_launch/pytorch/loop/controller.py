@@ -22,21 +22,18 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from determined_launch import errors
 from determined_launch._user import InvalidHP
 from determined_launch.pytorch import _units
 from determined_launch.pytorch._units import TrainUnit, _TrainBoundary, _TrainBoundaryType
 from determined_launch.pytorch.api.callback import PyTorchCallback, _overrides
 from determined_launch.pytorch.api.trial import (
     PyTorchTrial,
-    _evaluate_batch_defined,
-    _evaluate_full_dataset_defined,
     _TrialState,
 )
 from determined_launch.pytorch.checkpoints.checkpointer import Checkpointer
 from determined_launch.pytorch.checkpoints.policy import CheckpointPolicy
 from determined_launch.pytorch.loop.batch_step import BatchStep, check_metric_keys
-from determined_launch.pytorch.loop.loaders import build_loaders
+from determined_launch.pytorch.loop.loaders import build_loaders, check_setup, enumerated
 from determined_launch.pytorch.loop.progress import Progress
 from determined_launch.pytorch.metrics.training import TrainingMetrics
 from determined_launch.pytorch.metrics.validation import Validator
@@ -86,32 +83,12 @@ class _PyTorchTrialController:
                     FutureWarning,
                     stacklevel=2,
                 )
-        if not self.context.models:
-            raise errors.InvalidExperimentException(
-                "Must have at least one model. "
-                "This might be caused by not wrapping your model with wrap_model()."
-            )
-        if not self.context.optimizers:
-            raise errors.InvalidExperimentException(
-                "Must have at least one optimizer. "
-                "This might be caused by not wrapping your optimizer with wrap_optimizer()."
-            )
-        self._check_evaluate_implementation()
-        if self.context.distributed.size > 1 and not (
-            torch.distributed.is_available() and torch.distributed.is_initialized()
-        ) and not self.context._use_horovod:
-            raise errors.InvalidExperimentException(
-                f"{self.context.distributed.size} ranks but no torch process group: run under "
-                "`det-launch torch --` or torchrun and create the context with "
-                "det.pytorch.init() (it starts the process group), or call "
-                "torch.distributed.init_process_group() yourself"
-            )
+        check_setup(self.trial, self.context)
 
         self.is_chief = self.context.distributed.rank == 0
         self.checkpoint_period = checkpoint_period
         self.validation_period = validation_period
         self.reporting_period = reporting_period
-        self.smaller_is_better = smaller_is_better
         self.steps_completed = steps_completed
         self.latest_checkpoint = latest_checkpoint
         self.local_training = local_training
@@ -147,6 +124,14 @@ class _PyTorchTrialController:
         )
         self.latest_storage_id: Optional[str] = None
 
+    @property
+    def smaller_is_better(self) -> bool:  # Determined's tests set it on the controller
+        return self.checkpoint_policy.smaller_is_better
+
+    @smaller_is_better.setter
+    def smaller_is_better(self, value: bool) -> None:
+        self.checkpoint_policy.smaller_is_better = value
+
     # ------------------------------------------------------------ class hooks
     @classmethod
     def pre_execute_hook(cls, trial_seed: int, distributed_backend: Any) -> None:
@@ -164,14 +149,6 @@ class _PyTorchTrialController:
         random.seed(seed)
         np.random.seed(seed)
         torch.random.manual_seed(seed)
-
-    def _check_evaluate_implementation(self) -> None:
-        if _evaluate_batch_defined(self.trial) == _evaluate_full_dataset_defined(self.trial):
-            raise errors.InvalidExperimentException(
-                "Please define exactly one of: `evaluate_batch()` or `evaluate_full_dataset()`. "
-                "For most use cases `evaluate_batch()` is recommended because "
-                "it can be parallelized across all devices."
-            )
 
     # ------------------------------------------------------------ data loaders
     def _set_data_loaders(self) -> None:
@@ -237,7 +214,7 @@ class _PyTorchTrialController:
     def _validate(self, searcher_op: Any = None) -> dict[str, Any]:
         """Validate; checkpoint too when the checkpoint policy asks for it."""
         metrics, should_checkpoint = self.validator.validate(
-            self.validation_loader, self.state, self._progress
+            self.validation_loader, self.state, self._progress, self._checkpoint_is_current
         )
         self.last_validation_metrics = metrics
         if should_checkpoint:
@@ -251,6 +228,7 @@ class _PyTorchTrialController:
         self.latest_storage_id = self.checkpointer.save(self.state, already_exiting)
 
     def _load(self, load_path: Any) -> None:
+        self.checkpointer.trial_id = self.trial_id  # Determined's tests set it on the controller
         self.state = self.checkpointer.load(load_path)
 
     # ------------------------------------------------------------ the loop
@@ -273,7 +251,7 @@ class _PyTorchTrialController:
             while _units.remaining(
                 self.max_length, self.state.batches_trained, self.state.epochs_trained
             ) > 0:
-                boundaries, per_batch = self._train_with_boundaries(boundaries)
+                boundaries, per_batch = self._train_segments(boundaries)
                 self._end_workload(per_batch)
                 self._act_on_boundaries(boundaries)
                 if self.test_mode:  # one batch, then the final validation and checkpoint
@@ -335,8 +313,26 @@ class _PyTorchTrialController:
             writer.flush()
 
     # ------------------------------------------------------------ training
-    def _train_with_boundaries(self, train_boundaries: list[_TrainBoundary]
-                               ) -> tuple[list[_TrainBoundary], list[dict[str, Any]]]:
+    def _train_with_boundaries(
+        self, training_enumerator: Optional[Iterator[tuple[int, Any]]],
+        train_boundaries: list[_TrainBoundary],
+    ) -> tuple[list[_TrainBoundary], list[dict[str, Any]]]:
+        """Determined's seam, which its tests drive: ``_train_segments`` on the
+        ``(batch_idx, batch)`` pairs of ``training_enumerator`` (None: the loop's own)."""
+        if training_enumerator is None:
+            return self._train_segments(train_boundaries)
+        own = self.training_iterator
+        start, self.training_iterator = enumerated(training_enumerator)
+        self._next_batch = self._next_batch if start is None else start
+        wrapped = self.training_iterator
+        try:
+            return self._train_segments(train_boundaries)
+        finally:
+            if self.training_iterator is wrapped:  # not restarted: the pairs' source goes on
+                self.training_iterator = own
+
+    def _train_segments(self, train_boundaries: list[_TrainBoundary]
+                        ) -> tuple[list[_TrainBoundary], list[dict[str, Any]]]:
         """Train until a boundary is reached; returns the boundaries (with
         ``limit_reached`` set) and the per-batch metrics of this workload. Batches
         run in segments (``BatchStep.run``, a flat loop) up to the next count where

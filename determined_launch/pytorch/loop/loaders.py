@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
-from collections.abc import Sized
+from collections.abc import Iterator, Sized
 from typing import Any, Optional
 
+import torch
 import torch.utils.data as tud
 
-from determined_launch.pytorch.api.trial import _evaluate_batch_defined
+from determined_launch import errors
+from determined_launch.pytorch.api.trial import (
+    _evaluate_batch_defined,
+    _evaluate_full_dataset_defined,
+)
 from determined_launch.pytorch.data.loader import DataLoader, _dataset_repro_warning
 
 logger = logging.getLogger("determined_launch.pytorch")
@@ -96,4 +102,44 @@ def _warn_inexact_resize(context: Any, train_data: Any) -> None:
             "differently on %s than on %d, so the records of later global batches are not "
             "those a run on %d would have trained on",
             len(batches.sampler), gbs, slots, context._resized_from, context._resized_from,
+        )
+
+
+def enumerated(pairs: Iterator[tuple[int, Any]]) -> tuple[Optional[int], Iterator[Any]]:
+    """Determined's ``training_enumerator`` seam (``enumerate(iterator)``): the
+    first pair's batch index (None when there is none) and the batches of all
+    pairs, read lazily so that the iterator the pairs come from loses none."""
+    first = next(pairs, None)
+    if first is None:
+        return None, iter(())
+    return first[0], itertools.chain((first[1],), (batch for _, batch in pairs))
+
+
+def check_setup(trial: Any, context: Any) -> None:
+    """What the loop needs before it starts: a wrapped model and optimizer,
+    exactly one evaluate method, and a process group when several ranks run."""
+    if not context.models:
+        raise errors.InvalidExperimentException(
+            "Must have at least one model. "
+            "This might be caused by not wrapping your model with wrap_model()."
+        )
+    if not context.optimizers:
+        raise errors.InvalidExperimentException(
+            "Must have at least one optimizer. "
+            "This might be caused by not wrapping your optimizer with wrap_optimizer()."
+        )
+    if _evaluate_batch_defined(trial) == _evaluate_full_dataset_defined(trial):
+        raise errors.InvalidExperimentException(
+            "Please define exactly one of: `evaluate_batch()` or `evaluate_full_dataset()`. "
+            "For most use cases `evaluate_batch()` is recommended because "
+            "it can be parallelized across all devices."
+        )
+    if context.distributed.size > 1 and not (
+        torch.distributed.is_available() and torch.distributed.is_initialized()
+    ) and not context._use_horovod:
+        raise errors.InvalidExperimentException(
+            f"{context.distributed.size} ranks but no torch process group: run under "
+            "`det-launch torch --` or torchrun and create the context with "
+            "det.pytorch.init() (it starts the process group), or call "
+            "torch.distributed.init_process_group() yourself"
         )

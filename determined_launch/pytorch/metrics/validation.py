@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -39,7 +39,8 @@ class Validator:
         self.test_mode = test_mode
         self.is_chief = context.distributed.rank == 0
 
-    def validate(self, loader: Any, state: Any, progress: Any) -> tuple[dict[str, Any], bool]:
+    def validate(self, loader: Any, state: Any, progress: Any,
+                 checkpoint_is_current: Callable[[], bool]) -> tuple[dict[str, Any], bool]:
         """Run validation on every rank over ``loader``; the chief reports and asks
         the checkpoint policy. Returns the metrics and whether to checkpoint now
         (the same answer on every rank); sets ``state.last_val``."""
@@ -90,7 +91,7 @@ class Validator:
                 )
             self.context._publish_tensorboard()
             should_checkpoint = self.policy.wants_checkpoint(
-                metrics, checkpoint_is_current=state.last_ckpt == state.batches_trained
+                metrics, checkpoint_is_current=checkpoint_is_current()
             )
             # The same dict object callbacks received gains the counters.
             metrics.setdefault("batches", state.batches_trained)
