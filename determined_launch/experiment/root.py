@@ -8,6 +8,7 @@ in the root::
 
     <root>/.ids/experiments/<N>    {"dir": NAME, "created": T}
     <root>/.ids/trials/<N>         {"dir": NAME, "number": Optuna's trial number}
+    <root>/.ids/jobs/<N>           a ``det job run``, in ``<root>/.jobs/<N>``
     <root>/<NAME>/det_experiment.json   {"id": N, "created": T, "checkpoint_storage": ...}
 
 An id is taken by hard-linking a complete file to its number (``link`` fails if
@@ -196,6 +197,14 @@ class Root:
         exp_dir = self.path / f"{name}-{n}-{os.getpid()}"
         exp_dir.mkdir(mode=0o700)
         return self.ensure_experiment(exp_dir), exp_dir
+
+    def new_job_dir(self) -> tuple[int, pathlib.Path]:
+        """A ``det job run``'s id and directory, ``<root>/.jobs/<id>`` (never an experiment)."""
+        n = self._claim("jobs", {"created": time.time()})
+        assert n is not None  # noqa: S101
+        path = self.path / ".jobs" / str(n)
+        path.mkdir(parents=True, mode=0o700)
+        return n, path
 
     # -- lookup --------------------------------------------------------------------
 
