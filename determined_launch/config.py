@@ -75,6 +75,11 @@ OPTIONS: tuple[Option, ...] = (
            functools.partial(values.integer, minimum=0, maximum=1000), 0,
            "after a worker fails on any node, restart every node's workers from the newest "
            "committed checkpoint, at most N times (docs/elastic.md)", metavar="N"),
+    Option("hang_timeout", "DET_LAUNCH_HANG_TIMEOUT", "--hang-timeout",
+           functools.partial(values.seconds, positive=True), None,
+           "a rank that made Core API progress and then none for SECS is hung: print its stack, "
+           "stop the job (a failure: --max-restarts restarts it). Default: off (docs/elastic.md)",
+           metavar="SECS"),
     Option("min_nodes", "DET_LAUNCH_MIN_NODES", "--min-nodes",
            functools.partial(values.integer, minimum=1, maximum=100_000), None,
            "after a node (the chief's included) is lost, continue on the others while at least "

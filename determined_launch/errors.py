@@ -17,6 +17,8 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 # sysexits' EX_TEMPFAIL: "temporary failure, the user is invited to retry".
 EXIT_PREEMPTED = 75
+# A rank hung (no progress for --hang-timeout): timeout(1)'s status for "timed out".
+EXIT_HUNG = 124
 
 
 class LaunchError(Exception):

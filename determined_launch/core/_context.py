@@ -12,6 +12,7 @@ from determined_launch import rundir as run_dirs
 from determined_launch._user import InvalidHP
 from determined_launch.cluster import ClusterInfo, resolve_cluster_info
 from determined_launch.cluster.local_trial import RUNS_ROOT, default_run_dir
+from determined_launch.core import _progress
 from determined_launch.core._alerts import send_alert
 from determined_launch.core._dist import Collectives, note_finished
 from determined_launch.core._experimental import (
@@ -88,6 +89,7 @@ class Context:
 
     def start(self) -> None:
         self.preempt.start()
+        _progress.start(self.distributed.rank)  # the launcher's hang watchdog (no-op outside)
 
     def __enter__(self) -> Context:
         self.start()
@@ -119,6 +121,7 @@ class Context:
             self._tensorboard.close()
         if self._trackers is not None:
             self._trackers.close(self._final_state)
+        _progress.stop()
         self.preempt.close()
         self.distributed.close()
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from determined_launch import envvars
+from determined_launch.core import _progress
 from determined_launch.core._dist import Collectives
 
 logger = logging.getLogger("determined_launch.core")
@@ -194,9 +195,14 @@ class PreemptContext:
         sync points and is cheap enough to call every batch.
         """
         self._calls = n = self._calls + 1
+        _progress.beat(1)  # a step: the hang watchdog's and straggler check's signal
         if not block and n < self._next_sync:
             return False
-        return self._check(n, auto_ack)
+        t0 = time.monotonic()
+        try:
+            return self._check(n, auto_ack)
+        finally:
+            _progress.waited(time.monotonic() - t0)  # waiting for peers is not this rank's step
 
     def quiet_polls(self) -> int:
         """How many of the next ``should_preempt(block=False)`` calls would return
@@ -212,6 +218,7 @@ class PreemptContext:
         if not 0 <= n <= self.quiet_polls():
             raise ValueError(f"skip_polls({n}): only {self.quiet_polls()} quiet polls are due")
         self._calls += n
+        _progress.beat(n)
 
     def _check(self, n: int, auto_ack: bool) -> bool:
         if self._decided:

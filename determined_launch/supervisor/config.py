@@ -23,3 +23,5 @@ class SupervisorConfig:
     #: Show framework launchers' own output (torchrun's agent & co.) instead
     #: of keeping it in a log file.
     verbose: bool = False
+    #: ``--hang-timeout``: a rank silent this long after its first progress is hung (None: off).
+    hang_timeout: Optional[float] = None

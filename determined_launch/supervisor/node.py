@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
+from determined_launch import envvars
 from determined_launch.backends.plan import JobRuntime, LaunchPlan, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
 from determined_launch.supervisor import verdict as v
+from determined_launch.supervisor import watchdog
 from determined_launch.supervisor.config import SupervisorConfig
 from determined_launch.supervisor.files import remove_leftovers, status_events, write_private_file
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
@@ -79,6 +81,8 @@ class Supervisor:
         self.link: Optional[ControlLink] = None
         self.signals: collections.deque[int] = collections.deque()
         self.seen_status_files: set[str] = set()
+        #: the hang watchdog and straggler check over the ranks' progress files
+        self.watchdog = watchdog.Watchdog(runtime.status_dir, config.hang_timeout)
         self._term_sent_at: Optional[float] = None  # when the stop's TERM went out
         tools = tuple(p.name for p in plan.processes if p.tool and labels_workers(p.argv))
         self.tool_output: Optional[ToolOutput] = None
@@ -290,6 +294,8 @@ class Supervisor:
             self._join_check_at = time.monotonic() + 1.0
             events.extend(self._claims_events())
         events.extend(self._status_files())
+        if self.verdict.phase == v.Phase.RUNNING:
+            events.extend(self._progress_events())
         now = time.time()
         events.extend(v.ProcessExited(i, status, now) for i, status in self.processes.poll())
         return events
@@ -306,6 +312,22 @@ class Supervisor:
             if self._joiners:
                 return [v.JoinRequested(self._joiners)]
         return []
+
+    def _progress_events(self) -> list[v.Event]:
+        """``--hang-timeout`` and stragglers (``watchdog``): lines to print, a hang to report."""
+        wall = time.time()
+        hang, changes = self.watchdog.poll(time.monotonic(), wall, self.verdict.finished_ranks)
+        node, host = self.verdict.s.me, self.verdict.s.host
+        for change in changes:
+            logger.warning("det-launch: %s", watchdog.straggler_line(change, node, host))
+            run_dir = self.plan.env.get(envvars.RUN_DIR) or os.environ.get(envvars.RUN_DIR)
+            watchdog.record_straggler(run_dir, change, node, host, wall)
+        if hang is None:
+            return []
+        text = [f"rank {hang.rank} on node {node} ({host}) hung: no progress for "
+                f"{hang.silent:.0f} s", *hang.lines]
+        print("\n".join(f"det-launch: {line}" for line in text), file=sys.stderr, flush=True)
+        return [v.RankHung(hang.rank, hang.silent)]
 
     def _drain_signals(self) -> Iterable[int]:
         while self.signals:
