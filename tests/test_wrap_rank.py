@@ -286,6 +286,19 @@ def test_death_by_signal_is_128_plus_signal(sig: signal.Signals) -> None:
     assert r.stdout == b"[rank=0] before\n"
 
 
+def test_torch_rank_label_is_not_repeated() -> None:
+    """torch's excepthook (once a process group exists) and TORCH_LOGS put their own
+    ``[rankN]:`` before lines: one label per line (issue 33 §2.10). Another rank's
+    label, and the text elsewhere in a line, stay."""
+    r = wrap("2", *sh("printf '[rank2]: Traceback\\n[rank2]:   File x\\n[rank2]:W1128 log\\n"
+                      "[rank3]: other\\nsaw [rank2]: here\\n[rank2]: tail' >&2"))
+    assert r.stderr == (b"[rank=2] Traceback\n[rank=2]   File x\n[rank=2] W1128 log\n"
+                        b"[rank=2] [rank3]: other\n[rank=2] saw [rank2]: here\n[rank=2] tail\n")
+    for chunks in ([b"[rank2]: a\n[ran", b"k2]: b\n"], [b"[rank2]: a\n[rank2]:", b" b"]):
+        p = LinePrefixer(b"[rank=2] ", duplicate=b"[rank2]:")
+        assert b"".join([*map(p.feed, chunks), p.flush()]) == b"[rank=2] a\n[rank=2] b\n"
+
+
 def test_command_not_found_is_127(tmp_path: Path) -> None:
     r = wrap("4", "--", "no-such-command-xyz", env=_env(**{STATUS_DIR_ENV: str(tmp_path)}))
     assert r.returncode == 127

@@ -162,10 +162,11 @@ def _spawn(cmd: list[str], stdout_fd: int | None, stderr_fd: int | None) -> int:
 class _Stream:
     """One child pipe and where its prefixed lines go."""
 
-    def __init__(self, read_fd: int, out_fd: int, prefix: bytes) -> None:
+    def __init__(self, read_fd: int, out_fd: int, prefix: bytes, duplicate: bytes) -> None:
         self.read_fd = read_fd
         self.out = SharedOutput(out_fd)
-        self.lines = LinePrefixer(prefix)
+        # torch's own "[rankN]:" (its excepthook, TORCH_LOGS) repeats our label
+        self.lines = LinePrefixer(prefix, duplicate=duplicate)
 
     def pump(self) -> bool:
         """Forward what is readable now; False at end of stream."""
@@ -327,7 +328,7 @@ def run(redirect: bool, rank: int, cmd: list[str]) -> int:
         prefix = f"[rank={rank}] ".encode()
         for out_fd in (1, 2):
             r, w = os.pipe()
-            streams.append(_Stream(r, out_fd, prefix))
+            streams.append(_Stream(r, out_fd, prefix, f"[rank{rank}]:".encode()))
             child_fds.append(w)
         # SIGCHLD wakes the poll loop through this pipe.
         wake_r, wake_w = os.pipe()
