@@ -20,7 +20,8 @@ logger = logging.getLogger("determined_launch.core")
 
 _GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
 #: Streams of the run directory that are not metric groups.
-_RESERVED_GROUPS = frozenset({"progress", "searcher", "profiler", "task_sources", "checkpoints"})
+_RESERVED_GROUPS = frozenset({"progress", "searcher", "profiler", "task_sources", "checkpoints",
+                              "stragglers"})
 
 
 class TrainContext(LocalTrainCalls):

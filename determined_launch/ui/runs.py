@@ -17,7 +17,8 @@ from typing import Any, Optional, Protocol, Union
 from determined_launch.ui import files, shape
 
 #: streams that are not metric reports (core/_rundir.py and its writers)
-NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "task_sources"})
+NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "task_sources",
+                         "stragglers"})
 GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
 #: the launcher's own lines in a trial's output.log: its preemption and restart history
 LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]*: [^\n]*$", re.MULTILINE)
