@@ -87,7 +87,7 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[st
     return out
 
 
-def test_config(config: dict[str, Any]) -> dict[str, Any]:
+def small_config(config: dict[str, Any]) -> dict[str, Any]:
     """Determined's test mode: one trial, the smallest length, no restarts."""
     given = config.get("searcher")
     searcher: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -111,7 +111,7 @@ def prepare(ns: argparse.Namespace, root: exproot.Root) -> tuple[int, pathlib.Pa
     """Check, number and fill a new experiment directory; (id, directory)."""
     config = load_config(ns.config_file, ns.config)
     if ns.test_mode:
-        config = test_config(config)
+        config = small_config(config)
     name = _check(config, ns.config_file)
     context = pathlib.Path(ns.model_def or ".").absolute()
     if not context.is_dir():

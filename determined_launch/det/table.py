@@ -84,7 +84,8 @@ def csv_text(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     writer = csv.writer(buf)
     writer.writerow(headers)
     writer.writerows([[_text(v) for v in r] for r in rows])
-    return buf.getvalue().rstrip("\n")
+    text = buf.getvalue()
+    return text[:-2] if text.endswith("\r\n") else text
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], as_csv: bool = False) -> str:
