@@ -123,6 +123,7 @@ class PreemptContext:
         self._decided = False  # sticky: once True, every later call returns True
         self._acked = False
         self._calls = 0  # index of the latest should_preempt() call (1-based)
+        self._beaten = 0  # the call that last told the progress beacon (_progress)
         self._next_sync = 1  # block=False calls before this index skip the check
         self._interval = 1  # calls between the last two sync points
         self._last_sync_call = 0
@@ -195,9 +196,12 @@ class PreemptContext:
         sync points and is cheap enough to call every batch.
         """
         self._calls = n = self._calls + 1
-        _progress.beat(1)  # a step: the hang watchdog's and straggler check's signal
         if not block and n < self._next_sync:
             return False
+        # The steps since the last check: the hang watchdog's and straggler check's signal,
+        # given here only, so a quiet poll costs nothing more.
+        _progress.beat(n - self._beaten)
+        self._beaten = n
         t0 = time.monotonic()
         try:
             return self._check(n, auto_ack)
@@ -218,7 +222,6 @@ class PreemptContext:
         if not 0 <= n <= self.quiet_polls():
             raise ValueError(f"skip_polls({n}): only {self.quiet_polls()} quiet polls are due")
         self._calls += n
-        _progress.beat(n)
 
     def _check(self, n: int, auto_ack: bool) -> bool:
         if self._decided:
