@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import pathlib
 import types
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from determined_launch.experiment import root as exproot
 from determined_launch.experiment.root import LookupFailed, Root, trial_id_of
 
 
-def _allocate(path: str, n: int, out: "multiprocessing.Queue[list[int]]") -> None:
+def _allocate(path: str, n: int, out: multiprocessing.Queue[list[int]]) -> None:
     root = Root(path)
     exp = pathlib.Path(path, "shared")
     out.put([root.new_trial_id(exp, i) for i in range(n)])
@@ -173,7 +174,7 @@ def test_det_master_set_is_one_line(tmp_path: pathlib.Path, monkeypatch: pytest.
 
 
 def test_config_overrides_as_determined_applies_them() -> None:
-    conf = {"searcher": {"name": "random", "max_trials": 4}, "slurm": None}
+    conf: dict[str, Any] = {"searcher": {"name": "random", "max_trials": 4}, "slurm": None}
     out = apply_overrides(conf, ["searcher.max_trials=2", "hyperparameters.lr=0.1",
                                  "labels=a,b", "slurm.sbatch_args=[--mem=1g]",
                                  'data={"k": 1}'])
