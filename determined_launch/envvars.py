@@ -58,6 +58,7 @@ RANK_LOST_FILE = "rank-{rank}.lost-{peers}"
 RANK_PROGRESS_FILE = "rank-{rank}.progress"
 RANK_STACK_FILE = "rank-{rank}.stack"
 PROGRESS_STACK_OFFSET = 5  # the signal is SIGRTMIN + this: no one else's
+PROGRESS_PERIOD = 1.0  # seconds: at most one rewrite of the line per rank
 
 # --- multi-node modes of the Horovod and DeepSpeed launchers -----------------
 SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)

@@ -28,7 +28,7 @@ from typing import IO, Optional
 from determined_launch import envvars
 
 #: Seconds between two rewrites of the progress line.
-PERIOD = 1.0
+PERIOD = envvars.PROGRESS_PERIOD
 _WIDTH = 80
 
 

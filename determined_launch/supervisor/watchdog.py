@@ -166,7 +166,9 @@ class Watchdog:
         changes = self.rule.window(self._window(beats))
         if not self.timeout:
             return None, changes
-        late = overdue(beats, wall, self.timeout, done)
+        # A rank rewrites its line at most once a PERIOD: its last progress may be that much
+        # newer than the line says, so its silence is at least the line's age less PERIOD.
+        late = overdue(beats, wall, self.timeout + envvars.PROGRESS_PERIOD, done)
         if not late:
             return None, changes
         return self._judge(beats, late, wall), changes
@@ -183,7 +185,7 @@ class Watchdog:
         return out
 
     def _judge(self, beats: Mapping[int, Beat], late: list[int], wall: float) -> Optional[Hang]:
-        silent = {r: wall - beats[r].time for r in late}
+        silent = {r: wall - beats[r].time - envvars.PROGRESS_PERIOD for r in late}
         stops = {r for r in late if stopped(beats[r].pid)}
         stacks = self._dump(beats)
         frames = {r: innermost(s) for r, s in stacks.items()}
