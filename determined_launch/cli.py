@@ -9,6 +9,8 @@
     det-launch experiment CONFIG.yaml [OPTIONS] [{torch,...} [OVERRIDES... --] SCRIPT...]
     det-launch ui [PATH ...] [--host HOST] [--port PORT]   (the WebUI; see ui/cli.py)
 
+Determined's own ``det`` CLI (``det e create X.yaml . -f``...) is ``det/main.py``.
+
 Launcher options come before the subcommand so they can never be confused
 with the backend's own flags that follow it.
 """
