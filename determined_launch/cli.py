@@ -18,6 +18,7 @@ with the backend's own flags that follow it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import os
@@ -36,6 +37,7 @@ from determined_launch.launcher import (
     main_for_backend,
     report_errors,
 )
+from determined_launch.usage import HELP_WORDS
 
 #: subcommand -> (module with ``build_plan``, name used in messages)
 BACKENDS = {
@@ -65,21 +67,64 @@ OWN_PARSER = ("checkpoints", "ui")
 def _parser() -> argparse.ArgumentParser:
     p = UsageParser(
         prog="det-launch",
+        usage="det-launch [LAUNCHER OPTIONS] COMMAND ...\n"
+        "       det-launch [LAUNCHER OPTIONS] torch [TORCHRUN_OPTIONS... --] SCRIPT...\n"
+        "       det-launch [LAUNCHER OPTIONS] exec -- CMD...",
         description="Determined's distributed launch layer for any cluster.\n\ncommands:\n"
         + "\n".join(f"  {name:<13}{what}" for name, what in COMMANDS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 success; the first failing worker's status (128+N for signal "
+        epilog="det-launch COMMAND --help: a command's own usage.\n\nexamples:\n"
+        "  det-launch --slots 2 torch -- python train.py --epochs 3\n"
+        "  det-launch --dry-run torch -- python train.py     (print the plan, start nothing)\n"
+        "  det-launch info                                   (what was detected)\n\n"
+        "Exit status: 0 success; the first failing worker's status (128+N for signal "
         "N); 130/143 when interrupted by SIGINT/SIGTERM; 2 usage or configuration error; "
         "75 preempted after acknowledgement (resumable).",
     )
+    p._optionals.title = "launcher options"
+    p.add_argument("--version", action="version", version=f"det-launch {_version()}")
     p.add_argument("--detector", help=f"use only this detector ({', '.join(detector_names())})")
     p.add_argument(
         "--disable-detector", action="append", default=[], metavar="NAME", help="skip a detector"
     )
     config.add_flags(p)
-    p.add_argument("command", choices=list(COMMANDS))
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    # listed in the description: argparse's own listing would only repeat it
+    p.add_argument("command", choices=list(COMMANDS), help=argparse.SUPPRESS)
+    p.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
+
+
+def _version() -> str:
+    import determined_launch
+
+    return str(determined_launch.__version__)
+
+
+def _did_you_mean(word: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def first_mistake(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[str]:
+    """The launcher's own words (options, then the command), checked before argparse:
+    its message for ``--slotz 2 torch`` is "invalid choice: '2'", and for a misspelt
+    command it lists every choice without saying which was meant."""
+    known = {s: a.nargs != 0 for a in parser._actions for s in a.option_strings}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-") or word == "-":
+            if word in COMMANDS:
+                return None
+            return f"unknown command {word!r}{_did_you_mean(word, list(COMMANDS))}"
+        name = word.split("=", 1)[0]
+        if name not in known:
+            prefixed = [k for k in known if k.startswith(name) and name.startswith("--")]
+            if len(prefixed) != 1:  # argparse takes a unique abbreviation
+                return f"unknown launcher option {name}{_did_you_mean(name, list(known))}"
+            name = prefixed[0]
+        i += 2 if known[name] and "=" not in word else 1
+    return None
 
 
 def _options(ns: argparse.Namespace) -> LauncherOptions:
@@ -127,6 +172,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return ui_main(argv[1:])
     parser = _parser()
     try:
+        mistake = first_mistake(parser, argv)
+        if mistake:
+            parser.error(mistake)
         ns = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (already printed)
         return int(e.code or 0) and EXIT_USAGE
@@ -145,6 +193,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return experiment_main([*argv[: argv.index("experiment")], *ns.args])
     if ns.command == "info":
+        if ns.args:  # info takes nothing: say so rather than ignore it
+            if ns.args[0] in HELP_WORDS:
+                print("usage: det-launch [--detector NAME] [--slots N] ... info\n\nPrints the "
+                      "detector that matched, the cluster info and trial the workers would "
+                      "get (JSON), and why each earlier detector did not match.")
+                return 0
+            print(f"det-launch: error: info takes no arguments (got {' '.join(ns.args)}); "
+                  "launcher options go before it", file=sys.stderr)
+            return EXIT_USAGE
         return report_errors(lambda: info_command(options))
     module_name, backend = BACKENDS[ns.command]
     try:

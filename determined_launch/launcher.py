@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars, expconf, run_lease, rundir
+from determined_launch import config, envvars, expconf, run_lease, rundir, usage
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.claims import Claims
@@ -229,6 +229,8 @@ def run(
     try:
         if lease is not None:  # one live job per run directory; its nodes share it
             lease.acquire()
+            if info.is_chief:
+                rundir.record_command(lease.run_dir, rundir.command_of(command))
     except run_lease.LeaseHeld as e:
         raise LaunchError(str(e)) from None
     try:
@@ -317,10 +319,15 @@ def main_for_backend(
 ) -> int:
     """The whole life of ``python -m determined_launch.<backend>``."""
     argv = sys.argv[1:] if argv is None else argv
-    usage = f"python -m determined_launch.{backend} [OVERRIDES... --] SCRIPT..."
+    if usage.wants_help(argv):  # before anything is detected or started
+        print(usage.backend_help(backend), end="")
+        return 0
 
     def go() -> int:
-        args = split_overrides(argv, usage)
+        misplaced = usage.misplaced_option(backend, argv)
+        if misplaced:
+            raise LaunchError(misplaced)
+        args = split_overrides(argv, usage.backend_help(backend).splitlines()[0][7:])
         return run(build, args, options or LauncherOptions.from_env(os.environ))
 
     return report_errors(go)

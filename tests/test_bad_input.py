@@ -91,7 +91,7 @@ CASES: list[tuple[str, list[str], dict[str, str], Optional[Files], str]] = [
     ("dist-transport", [], {"DET_DIST_TRANSPORT": "foo"}, None,
      "DET_DIST_TRANSPORT: expected one of direct, zmq, got 'foo'"),
     ("c10d-port", [], {"C10D_PORT": "80"}, None, "C10D_PORT: expected a port in 1024-65533"),
-    ("unknown-flag", ["--bogus"], {}, None, "unrecognized arguments: --bogus"),
+    ("unknown-flag", ["--bogus"], {}, None, "unknown launcher option --bogus"),
     ("no-script", [], {}, None, "no command to run"),
 ]
 

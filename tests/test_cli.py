@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -66,3 +68,55 @@ def test_help_lists_every_command() -> None:
                        env=base_env(), timeout=60, check=False)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "launcher options do not apply to checkpoints" in r.stderr
+
+
+def test_subcommand_help_starts_nothing(tmp_path: pathlib.Path) -> None:
+    """``det-launch torch --help`` used to launch ``--help`` as the script (exit 127)."""
+    for args in (["torch", "--help"], ["exec", "--help"], ["--slots", "2", "horovod", "-h"],
+                 ["deepspeed", "--nnodes", "1", "--help", "--", "x.py"]):
+        r = subprocess.run([*CLI, *args], env=base_env(), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, (args, r.stderr)
+        sub = next(a for a in args if a in ("torch", "exec", "horovod", "deepspeed"))
+        assert r.stdout.startswith(f"usage: det-launch [LAUNCHER OPTIONS] {sub} "), r.stdout
+        assert "[rank=" not in r.stdout + r.stderr and not list(tmp_path.iterdir()), args
+    r = subprocess.run([sys.executable, "-m", "determined_launch.torch_distributed", "--help"],
+                       env=base_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "python -m determined_launch.torch_distributed" in r.stdout
+
+
+def test_help_after_the_separator_is_the_scripts() -> None:
+    r = run("exec", "--", sys.executable, "-c", "import sys; print(sys.argv[1:])", "--help",
+            DET_LAUNCH_SLOTS="1")
+    assert r.returncode == 0, r.stderr
+    assert "['--help']" in r.stdout
+
+
+def test_version_is_the_packages() -> None:
+    import determined_launch
+
+    r = run("--version")
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"det-launch {determined_launch.__version__}"
+    assert determined_launch.__version__ == importlib.metadata.version("determined_launch")
+
+
+def test_launcher_words_typos_and_misplaced_options_are_one_line() -> None:
+    for args, message in [
+        (("--slotz", "2", "torch", "--", "x.py"), "unknown launcher option --slotz (did you mean "
+                                                  "--slots?)"),
+        (("tourch", "--", "x.py"), "unknown command 'tourch' (did you mean torch?)"),
+        (("torch", "--slots", "2", "--", "x.py"), "--slots is a launcher option: put it before "
+                                                  "the subcommand (det-launch --slots N torch"),
+        # horovodrun would have taken it as its --slots-per-host
+        (("horovod", "--slots=2", "--", "x.py"), "--slots is a launcher option"),
+        (("exec", "--dry-run", "--", "true"), "--dry-run is a launcher option"),
+        (("exec",), "usage: det-launch [LAUNCHER OPTIONS] exec -- CMD..."),
+        (("info", "extra"), "info takes no arguments"),
+    ]:
+        r = run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and message in r.stderr, (args, r.stderr)
+    # a launcher flag that torchrun has too stays torchrun's
+    r = run("--dry-run", "torch", "--max-restarts", "3", "--", "x.py")
+    assert r.returncode == 0 and "--max-restarts 3" in r.stdout, r.stderr
