@@ -13,9 +13,11 @@
 # Steps (each must pass; the first failure ends the script with its status):
 #   [torch]  bash scripts/install.sh && det-launch --slots 4 torch -- python examples/ddp_train.py
 #            python examples/pytorch/train.py --batches 20   (the PyTorch Trainer API)
-#   [search] pip install '.[search]'; a 2-trial det-launch experiment of examples/search/train.py
-#   [s3]     pip install '.[s3]'; a Core API run whose checkpoints go to s3:// (moto's
-#            server, from the dev environment), resumed by a second run
+#   [all]    pip install '.[all]' in ONE command (every extra but the GPU builds: they must
+#            resolve together); each extra's packages import
+#   [search] a 2-trial det-launch experiment of examples/search/train.py
+#   [s3]     a Core API run whose checkpoints go to s3:// (moto's server, from the dev
+#            environment), resumed by a second run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -46,8 +48,24 @@ det-launch --slots 4 torch -- python examples/ddp_train.py
 step "[torch] the PyTorch Trainer example"
 (cd examples/pytorch && DET_RUN_DIR="$WORK/runs/pytorch" python train.py --batches 20)
 
+step "[all] every extra in one install"
+python -m pip install -q -e ".[all]"
+python - <<'PY'
+import importlib
+
+# one module per extra of [all] (torch: above), each must import in this venv
+for extra, module in [("ssh", "cryptography"), ("s3", "s3fs"), ("gcs", "gcsfs"),
+                      ("azure", "adlfs"), ("tensorboard", "tensorboard"), ("search", "optuna"),
+                      ("search", "matplotlib"), ("search", "psycopg"), ("mlflow", "mlflow"),
+                      ("wandb", "wandb")]:
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        raise SystemExit(f"fresh-venv: [{extra}]: import {module} failed: {e}")
+print("fresh-venv: every extra of [all] imports")
+PY
+
 step "[search] a 2-trial experiment"
-python -m pip install -q -e ".[search]"
 cat > "$WORK/search.yaml" <<EOF
 name: fresh-venv-search
 entrypoint: python3 $WORK/src/examples/search/train.py
@@ -69,7 +87,6 @@ EOF
 test -s "$WORK/det_experiments/fresh-venv-search/best_trial.json"
 
 step "[s3] checkpoints in S3 (moto's server on loopback)"
-python -m pip install -q -e ".[s3]"
 # The S3 endpoint is a test tool, not part of the [s3] extra: moto's server runs
 # from the machine's dev environment (scripts/install.sh --dev), outside the venv.
 "$DEV_PY" - "$WORK" 2>"$WORK/moto.log" <<'PY' &
