@@ -69,11 +69,13 @@ def test_tutorial_steps_0_to_3(tmp_path: Path) -> None:
     assert read_jsonl(run / "validation.jsonl")[-1]["metrics"] == {"x": 100}
     assert len(os.listdir(tmp_path / "det_runs" / "checkpoints")) == 10
 
-    # 3_hpsearch, same trial: the run directory's latest checkpoint is at
-    # step 100, which is op.length, so it only validates and completes.
+    # 3_hpsearch, same trial but another command: its own run (rundir.py), which
+    # does not resume 2_checkpoints' checkpoint at step 100 but trains to op.length.
     out = run_example("3_hpsearch.py", tmp_path)
-    assert "at batch 100" in out
-    assert read_jsonl(run / "searcher.jsonl")[-1]["searcher_metric"] == 100
+    assert "at batch 100" not in out
+    (own,) = (tmp_path / "det_runs").glob("trial-1-3_hpsearch-*")
+    assert read_jsonl(own / "searcher.jsonl")[-1]["searcher_metric"] == 100
+    assert not (run / "searcher.jsonl").exists()
 
 
 def test_preemption_file_pauses_and_a_rerun_resumes(tmp_path: Path) -> None:

@@ -311,7 +311,7 @@ def complete(
     resolved are returned as they are. ``is_committed``: the commit-marker
     check of an object storage, from a layer that can open one. ``command``:
     the run's command (this process's ``sys.argv`` by default); on the chief
-    it becomes the run directory's owner (``rundir.record_command``).
+    it becomes the owner of an existing run directory (``rundir.record_command``).
     """
     if info.resolved or info.source == "determined":
         return info
@@ -327,10 +327,12 @@ def complete(
         if say is not None and cmd is not None:
             _say_resume(say, trial, resume, run_dir, cmd)
     if info.is_chief and cmd is not None and command is not OWNER:
-        try:
-            rundir.record_command(run_dir_for(trial, env, cmd), cmd)
-        except OSError:
-            pass  # an unwritable run directory is reported where it is written
+        where = run_dir_for(trial, env, cmd)
+        if where.is_dir():  # else its first writer records it (launcher, core's RunDir)
+            try:
+                rundir.record_command(where, cmd)
+            except OSError:
+                pass  # an unwritable run directory is reported where it is written
     return dataclasses.replace(info, trial=trial, latest_checkpoint=latest, resolved=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import sys
 from typing import Any, Literal, Optional
 
 from determined_launch import envvars
@@ -221,10 +222,14 @@ def init(
     rundir_path = resolve_run_dir(run_dir, info)
     # The local trial's records carry its id, 0 (earlier versions wrote null).
     trial_id = info.trial.trial_id if info.trial is not None else None
-    owner = run_dirs.read_command(rundir_path)  # recorded by whoever resolved the info
+    # The run's owner: recorded by the launcher (or a rerun); else this process,
+    # recorded by its first write (a bare process never creates a directory for nothing).
+    owner = run_dirs.read_command(rundir_path)
+    mine = run_dirs.command_of(sys.argv) if owner is None and distributed.rank == 0 else None
     rundir = RunDir(rundir_path, trial_id=trial_id,
                     hparams=info.trial.hparams if info.trial is not None else None,
-                    command=run_dirs.command_key(owner) if owner is not None else None)
+                    command=run_dirs.command_key(owner or mine or ()) if owner or mine else None,
+                    owner=mine)
     spec = resolve_checkpoint_storage(checkpoint_storage, rundir_path, info)
     storage = build_storage(spec, distributed, rundir, tensorboard_mode)
     if max_length is None and info.trial is not None:

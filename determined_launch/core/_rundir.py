@@ -90,7 +90,8 @@ class RunDir:
 
     def __init__(self, path: pathlib.Path, *, trial_id: Optional[int],
                  hparams: Optional[Mapping[str, Any]] = None,
-                 command: Optional[str] = None) -> None:
+                 command: Optional[str] = None,
+                 owner: Optional[tuple[str, ...]] = None) -> None:
         self.path = path
         self.trial_id = trial_id
         #: the trial's hyperparameters, recorded with each checkpoint so that a
@@ -99,6 +100,8 @@ class RunDir:
         #: the key of the command that owns the run (rundir.command_key), recorded
         #: with each checkpoint so that only the same command resumes it
         self.command = command
+        #: the command to record as the run's owner when this creates the directory
+        self._owner = owner
         #: called after every write (the chief's sync to object storage, core/_record_sync.py)
         self.on_write: Optional[Callable[[], None]] = None
         #: stream -> its file, opened once in append mode: an open and close per
@@ -127,17 +130,24 @@ class RunDir:
         if self.on_write is not None:
             self.on_write()
 
+    def _mkdir(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self._owner is not None:  # the first write of a run without a launcher
+            owner, self._owner = self._owner, None
+            if rundir.read_command(self.path) is None:
+                rundir.record_command(self.path, owner)
+
     def _open(self, stream: str) -> int:
         with self._fds_lock:
             if stream not in self._fds:
-                self.path.mkdir(parents=True, exist_ok=True)
+                self._mkdir()
                 self._fds[stream] = os.open(
                     self.path / f"{stream}.jsonl",
                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
             return self._fds[stream]
 
     def write_pointer(self, name: str, value: Mapping[str, Any]) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._mkdir()
         write_atomically(self.path / f"{name}.json", dumps(dict(value)) + "\n")
         if self.on_write is not None:
             self.on_write()
