@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars, expconf, run_lease, rundir
+from determined_launch import config, envvars, expconf, run_lease, rundir, usage
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.claims import Claims
@@ -109,6 +109,7 @@ class LauncherOptions:
                 preempt_file=v["preempt_file"] or None,
                 connect_timeout=v["connect_timeout"],
                 verbose=v["verbose"],
+                hang_timeout=v["hang_timeout"],
             ),
             dry_run=v["dry_run"],
             requeue=v["requeue"],
@@ -199,6 +200,8 @@ def run(
     check_storage(configured_storage(env, info.checkpoint_storage), probe=info.is_chief)
     # --config's searcher metric and unit, as det-launch experiment hands them to trials
     extra_env = searcher_env(options.local_trial, env)
+    if options.local_trial.config:  # the workers' pytorch context.config_data reads its data:
+        extra_env.setdefault(CONFIG_ENV, os.path.abspath(options.local_trial.config))
     if run_dir is not None:
         extra_env[envvars.RUN_DIR] = str(run_dir)
     if options.report_to:  # a missing package is one line here, before any worker starts
@@ -212,9 +215,11 @@ def run(
     def one(gen: Generation) -> tuple[int, Decision, frozenset[int]]:
         return _generation(build, args, env, options, extra_env, gen)
 
-    # --min-nodes: nodes may continue without others; claims keep that to one group
-    claims = Claims(run_dir_for(info.trial, env)) if (
-        judge is not None and options.min_nodes is not None and info.trial is not None) else None
+    # --min-nodes: nodes may continue without others; claims (signed with the job's key)
+    # keep that to one group. One node has no others (and its secret is its own process's).
+    claims = Claims.open(run_dir_for(info.trial, env), job_secret(info, env), info.num_nodes) if (
+        judge is not None and options.min_nodes is not None and info.trial is not None
+        and info.num_nodes > 1) else None
     sup = options.supervisor  # a rejoining node waits for the job's next checkpoint
     join_timeout = sup.connect_timeout + sup.preempt_grace + sup.kill_after
     lease = None if options.dry_run or run_dir is None else run_lease.Lease(
@@ -314,10 +319,15 @@ def main_for_backend(
 ) -> int:
     """The whole life of ``python -m determined_launch.<backend>``."""
     argv = sys.argv[1:] if argv is None else argv
-    usage = f"python -m determined_launch.{backend} [OVERRIDES... --] SCRIPT..."
+    if usage.wants_help(argv):  # before anything is detected or started
+        print(usage.backend_help(backend), end="")
+        return 0
 
     def go() -> int:
-        args = split_overrides(argv, usage)
+        misplaced = usage.misplaced_option(backend, argv)
+        if misplaced:
+            raise LaunchError(misplaced)
+        args = split_overrides(argv, usage.backend_help(backend).splitlines()[0][7:])
         return run(build, args, options or LauncherOptions.from_env(os.environ))
 
     return report_errors(go)
