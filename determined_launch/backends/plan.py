@@ -15,6 +15,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Optional
 
+from determined_launch.common.redact import redact_text, secret_key
+
 
 @dataclasses.dataclass(frozen=True)
 class FileToWrite:
@@ -90,8 +92,9 @@ class JobRuntime:
 
 def render_env(env: Mapping[str, str]) -> str:
     """``K=V`` pairs for display; secrets are masked because dry runs end up in logs."""
-    return " ".join(
-        f"{k}={'<secret>' if 'SECRET' in k else shlex.quote(v)}" for k, v in sorted(env.items())
+    return " ".join(  # the project's one rule (common/redact.py): keys, then URLs in values
+        f"{k}={'<secret>' if secret_key(k) else shlex.quote(redact_text(v))}"
+        for k, v in sorted(env.items())
     )
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from determined_launch.common.redact import redact
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.owners import ATTR_BEAT, ATTR_FAILED, ATTR_OWNER, owner_alive
 from determined_launch.experiment.root import trial_id_of
@@ -135,7 +136,7 @@ def rows(trials: Sequence[Any], smaller: bool,
     for t in visible(trials):
         best = best_value(t, smaller)
         run_dir = None if exp_dir is None else exp_dir / "trials" / str(trial_id_of(t))
-        params = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(hparams_of(t).items()))
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(redact(hparams_of(t)).items()))
         out.append([str(trial_id_of(t)), state_of(t), "-" if best is None else plain(best),
                     progress_of(run_dir), params])
     return out

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from determined_launch import config
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
+from determined_launch.common.redact import redact
 from determined_launch.core.storage import check_storage, open_storage, parse_storage
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
@@ -272,7 +273,7 @@ def _final(trials: Sequence[Any], exp_dir: pathlib.Path, conf: expconf.Experimen
     checkpoint = best["checkpoint"] or "none (it saved none)"
     print(f"det-launch experiment: best trial {best['trial_id']}: {s.metric}="
           f"{plain(best['value'])} "
-          f"hparams {json.dumps(best['hparams'], sort_keys=True)} checkpoint "
+          f"hparams {json.dumps(redact(best['hparams']), sort_keys=True)} checkpoint "
           f"{checkpoint} ({path})", flush=True)
 
 
@@ -305,5 +306,6 @@ def status(exp_dir: pathlib.Path, storage_url: Optional[str]) -> int:
     best = report.best_record(trials, exp_dir, s.metric, s.smaller_is_better)
     if best is not None:
         print(f"best trial {best['trial_id']}: {s.metric}={plain(best['value'])} hparams "
-              f"{json.dumps(best['hparams'], sort_keys=True)} checkpoint {best['checkpoint']}")
+              f"{json.dumps(redact(best['hparams']), sort_keys=True)} "
+              f"checkpoint {best['checkpoint']}")
     return 0

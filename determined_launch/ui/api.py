@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from determined_launch.common.redact import printable
 from determined_launch.experiment.root import trial_id_of
 from determined_launch.ui import files, shape
 from determined_launch.ui.catalog import Catalog
@@ -34,7 +35,7 @@ class Api:
         self.remotes = [(os.path.abspath(local), storage) for local, storage in remotes]
         self.roots = self.catalog.roots
         self.runs_reader = RunReader(self.roots)
-        self.studies = Studies(study_storage)
+        self.studies = Studies(study_storage, self.roots)
         self.rows = TrialRows(self.runs_reader)
 
     # -- experiments ---------------------------------------------------------------
@@ -51,11 +52,22 @@ class Api:
             return [], str(e)
 
     def experiments(self) -> list[dict[str, Any]]:
-        return [self._summary(name, path) for name, path in self.catalog.experiments().items()]
+        return [self._guarded(name, path) for name, path in self.catalog.experiments().items()]
 
     def experiment(self, name: str) -> Optional[dict[str, Any]]:
         path = self.catalog.experiments().get(name)
-        return None if path is None else self._summary(name, path)
+        return None if path is None else self._guarded(name, path)
+
+    def _guarded(self, name: str, exp_dir: str) -> dict[str, Any]:
+        """The experiment's summary, or, if one of its files cannot be read as
+        one (a hand-edited record, a corrupt study), the reason in one line:
+        one bad experiment never empties the home page."""
+        try:
+            return self._summary(name, exp_dir)
+        except Exception as e:  # noqa: BLE001 (any file's fault is that experiment's)
+            return {"name": name, "state": "unreadable", "path": exp_dir,
+                    "num_trials": 0, "trial_states": {},
+                    "error": shape.redact_text(printable(f"{type(e).__name__}: {e}")[:500])}
 
     def _summary(self, name: str, exp_dir: str) -> dict[str, Any]:
         from determined_launch.experiment import report
@@ -80,7 +92,8 @@ class Api:
                 starts.append(t.datetime_start.timestamp())
             if t.datetime_complete is not None:
                 ends.append(t.datetime_complete.timestamp())
-        state = _experiment_state(counts, int(searcher.get("max_trials") or 0), error)
+        state = _experiment_state(counts, _count(searcher.get("max_trials"), "max_trials"),
+                                  error)
         end = time.time() if state == "running" else (max(ends) if ends else None)
         start = min(starts) if starts else None
         return shape.finite({
@@ -229,7 +242,17 @@ def _quietly(what: str, work: Callable[[], Any]) -> None:
     try:
         work()
     except Exception as e:  # noqa: BLE001
-        print(f"det-launch ui: {what}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(f"det-launch ui: {printable(what)}: {type(e).__name__}: {printable(e)}",
+              file=sys.stderr, flush=True)
+
+
+def _count(value: Any, name: str) -> int:
+    """A count from ``experiment.json``: an int, or the file is not one we wrote."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"experiment.json: searcher.{name} is {value!r:.40}, not an integer")
+    return value
 
 
 def _section(record: dict[str, Any], key: str) -> dict[str, Any]:

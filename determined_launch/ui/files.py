@@ -12,6 +12,11 @@ Two rules every read follows:
   parsed once, then each poll costs a ``stat``. Rows are kept in columns of
   C doubles (``array('d')``), about 8 bytes a number instead of a dict each.
   Lines are parsed a batch per ``json.loads`` (``json_lines``).
+* **Untrusted.** A line that is not JSON, nests 200,000 deep or holds a
+  400-digit number costs that line only (parsed alone, skipped or kept as a
+  non-numeric value); a line longer than ``CHUNK`` is skipped and counted
+  (``Table.skipped``), and reading goes on after it. The parsed tables are
+  kept in a cache bounded in bytes (``STREAM_CACHE_BYTES``).
 """
 
 from __future__ import annotations
@@ -20,16 +25,27 @@ import functools
 import json
 import math
 import os
+import re
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
+
+from determined_launch.ui.cache import ByteLru
 
 #: bytes parsed per read, so a huge file never sits in memory whole
 CHUNK = 8 << 20
 #: lines parsed per ``json.loads`` call: 256 is as fast as 4,096 (measured) and its dicts
 #: are a few hundred kB at a time
 BATCH = 256
+#: parsed streams kept (estimated bytes; the least recently asked for go first)
+STREAM_CACHE_BYTES = 128 << 20
+#: non-metric lines and non-numeric values kept per stream (estimated bytes); more are counted
+EXTRA_BYTES = 16 << 20
+#: a non-numeric metric value longer than this (as text) is cut
+VALUE_CHARS = 1024
+#: errors of a line that is not a value we can use (deep nesting: RecursionError)
+BAD_LINE = (ValueError, RecursionError, TypeError, OverflowError)
 
 
 @functools.lru_cache(maxsize=64)
@@ -93,7 +109,7 @@ def read_json(path: str, roots: Sequence[str]) -> Optional[dict[str, Any]]:
 def _skip_bad(line: bytes) -> list[Any]:
     try:
         return [json.loads(line)]
-    except ValueError:
+    except BAD_LINE:
         return []
 
 
@@ -119,7 +135,7 @@ def _batch(lines: Sequence[bytes], one: Callable[[bytes], list[Any]]) -> list[An
     if len(lines) > 1:
         try:  # decoded here, strictly: json.loads would guess an encoding per text
             values = json.loads("[" + b",".join(lines).decode() + "]")
-        except ValueError:
+        except BAD_LINE:
             values = None
         if isinstance(values, list) and len(values) == len(lines):
             return values
@@ -131,7 +147,24 @@ def _batch(lines: Sequence[bytes], one: Callable[[bytes], list[Any]]) -> list[An
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a 400-digit integer: shown as it is, not charted
+        return None
+
+
+def _kept(value: Any) -> tuple[Any, int]:
+    """A non-numeric metric value as kept (long text cut) and its estimated bytes."""
+    if isinstance(value, (dict, list)):
+        try:
+            value = json.dumps(value)
+        except BAD_LINE:
+            value = "..."
+    if isinstance(value, str) and len(value) > VALUE_CHARS:
+        value = value[:VALUE_CHARS] + "..."
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        value = str(value)[:VALUE_CHARS]
+    return value, 100 + (len(value) if isinstance(value, str) else 0)
 
 
 class Table:
@@ -147,6 +180,14 @@ class Table:
         self.floats: set[str] = set()  # columns with a float value (others are sent as ints)
         self.other: dict[int, dict[str, Any]] = {}
         self.records: list[dict[str, Any]] = []
+        #: lines not kept: longer than CHUNK, or past EXTRA_BYTES of records and values
+        self.skipped = 0
+        self._extra = 0  # estimated bytes of ``other`` and ``records``
+
+    def nbytes(self) -> int:
+        """Estimated bytes held (the columns are C doubles)."""
+        return 8 * (len(self.steps) + len(self.times) + sum(len(c) for c in self.columns.values())
+                    ) + self._extra + 64 * len(self.columns)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -154,6 +195,11 @@ class Table:
     def add(self, record: dict[str, Any]) -> None:
         metrics = record.get("metrics")
         if not isinstance(metrics, dict):
+            size = _size(record)
+            if self._extra + size > EXTRA_BYTES:
+                self.skipped += 1
+                return
+            self._extra += size
             self.records.append(record)
             return
         row = len(self.steps)
@@ -167,12 +213,15 @@ class Table:
             if kind is float and value == value:  # not NaN
                 num: float = value
                 self.floats.add(name)
-            elif kind is int:
+            elif kind is int and -(1 << 63) <= value < (1 << 63):
                 num = float(value)
             else:
                 maybe = _number(value)
                 if maybe is None or math.isnan(maybe):
-                    self.other.setdefault(row, {})[str(name)] = value
+                    kept, size = _kept(value)
+                    if self._extra + size <= EXTRA_BYTES:
+                        self._extra += size
+                        self.other.setdefault(row, {})[str(name)] = kept
                     continue
                 num = maybe
                 if not isinstance(value, int):
@@ -204,6 +253,13 @@ class Table:
             yield self.row(i)
 
 
+def _size(record: dict[str, Any]) -> int:
+    try:
+        return 100 + len(json.dumps(record))
+    except BAD_LINE:
+        return 1 << 20
+
+
 class _Entry:
     def __init__(self) -> None:
         self.key: tuple[int, int] = (-1, -1)  # (device, inode)
@@ -212,13 +268,16 @@ class _Entry:
         self.mtime = -1
         self.table = Table()
         self.lock = threading.Lock()
+        self.in_long_line = False  # the offset is inside a line longer than CHUNK
 
 
 class Streams:
-    """Parsed JSON-lines files by path, each followed from where it was left."""
+    """Parsed JSON-lines files by path, each followed from where it was left;
+    at most about ``STREAM_CACHE_BYTES`` of them kept (a stream left out is
+    read again when asked for)."""
 
-    def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+    def __init__(self, limit: int = STREAM_CACHE_BYTES) -> None:
+        self._entries: ByteLru[_Entry] = ByteLru(limit)
         self._lock = threading.Lock()
 
     def get(self, path: str, roots: Sequence[str]) -> Table:
@@ -240,14 +299,19 @@ class Streams:
         if real is None:
             return Table()
         with self._lock:
-            entry = self._entries.setdefault(path, _Entry())
+            entry = self._entries.get(path)
+            if entry is None:
+                entry = _Entry()
+                self._entries.put(path, entry, 0)
         with entry.lock:
             if key != entry.key or st.st_size < entry.offset:
                 entry.key, entry.offset, entry.table = key, 0, Table()  # replaced or truncated
+                entry.in_long_line = False
             elif st.st_size == entry.size and st.st_mtime_ns == entry.mtime:
                 return entry.table
             self._follow(real, entry)  # the stat above may be older: offsets rule
             entry.size, entry.mtime = st.st_size, st.st_mtime_ns
+            self._entries.put(path, entry, entry.table.nbytes())
             return entry.table
 
     def backlog(self, path: str) -> int:
@@ -268,19 +332,34 @@ class Streams:
         except OSError:
             return
         with f:
-            f.seek(entry.offset)
             while True:
+                f.seek(entry.offset)
                 chunk = f.read(CHUNK)
+                full = len(chunk) == CHUNK
+                if entry.in_long_line:  # the rest of a line too long to keep
+                    cut = chunk.find(b"\n") + 1
+                    entry.offset += cut or len(chunk)
+                    entry.in_long_line = not cut
+                    if full or cut:
+                        continue
+                    return
                 end = chunk.rfind(b"\n") + 1  # a line still being written waits for its newline
                 if end == 0:
+                    if full:  # one line longer than a chunk: skipped and counted
+                        entry.table.skipped += 1
+                        entry.in_long_line = True
+                        entry.offset += len(chunk)
+                        continue
                     return
                 entry.offset += end
                 for record in json_lines(chunk[:end].splitlines()):
                     if isinstance(record, dict):
-                        entry.table.add(record)
-                if len(chunk) < CHUNK:
+                        try:
+                            entry.table.add(record)
+                        except BAD_LINE:  # an odd record costs itself only
+                            entry.table.skipped += 1
+                if not full:
                     return  # the end of the file (no second read to learn it)
-                f.seek(entry.offset)
 
 
 def sample(path: str, roots: Sequence[str], n: int) -> Table:
@@ -299,14 +378,14 @@ def sample(path: str, roots: Sequence[str], n: int) -> Table:
             for i in range(n):
                 f.seek(size * i // n)
                 if i:
-                    f.readline()  # the rest of the line the seek landed in
+                    f.readline(CHUNK)  # the rest of the line the seek landed in
                 pos = f.tell()
                 if pos >= size:
                     break
                 if pos <= seen:
                     continue  # lines longer than the spacing: this one is read already
                 seen = pos
-                lines.append(f.readline())
+                lines.append(f.readline(CHUNK))  # a longer line is cut: not a row
             base = max(0, size - 65536)
             f.seek(base)
             tail = f.read()
@@ -323,10 +402,20 @@ def sample(path: str, roots: Sequence[str], n: int) -> Table:
     return table
 
 
+#: what ends a line of output: a newline, or a carriage return (a tqdm bar redraws
+#: its line with ``\r`` and never writes ``\n``)
+_LINE_END = re.compile(rb"[\r\n]")
+#: appended to a piece of a line longer than the read limit (the rest follows)
+LONG_LINE = b" [det-launch ui: line longer than the read limit; continued]\n"
+
+
 def tail_bytes(path: str, roots: Sequence[str], offset: Optional[int],
                limit: int) -> tuple[bytes, int]:
     """Bytes of a growing text file from ``offset`` (None: its last ``limit``
-    bytes, from a line start), at most ``limit``; and the offset reached."""
+    bytes, from a line start), at most ``limit``; and the offset reached.
+    Whole lines only, except a line longer than ``limit``: its first
+    ``limit`` bytes are given with the ``LONG_LINE`` marker, and the next
+    call goes on after them (following never stalls on it)."""
     real = confined(path, roots)
     if real is None:
         return b"", 0
@@ -339,10 +428,17 @@ def tail_bytes(path: str, roots: Sequence[str], offset: Optional[int],
     except OSError:
         return b"", 0
     if offset is None and start > 0:
-        cut = data.find(b"\n") + 1  # begin at a whole line
+        m = _LINE_END.search(data)
+        cut = m.end() if m else 0  # begin at a whole line
         data, start = data[cut:], start + cut
-    end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+    end = _last_line_end(data)  # a line still being written waits for its end
+    if end == 0 and len(data) >= limit:
+        return data + LONG_LINE, start + len(data)
     return data[:end], start + end
+
+
+def _last_line_end(data: bytes) -> int:
+    return max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
 
 
 def dir_size(path: str, roots: Sequence[str]) -> Optional[int]:

@@ -91,6 +91,38 @@ def _external(kind: tuple[str, Any], internal: Any) -> Any:
     return int(internal) if kind[0] == "int" else float(internal)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: what each field must be where the trials' rows read it (a record made by
+#: hand, or another program's, is refused as a whole: ``ValueError``)
+_FIELDS: dict[str, Any] = {
+    "op_code": _is_int, "trial_id": _is_int, "study_id": _is_int, "state": _is_int,
+    "step": _is_int, "intermediate_value": lambda v: v is None or _is_number(v),
+    "values": lambda v: v is None or (isinstance(v, list) and all(map(_is_number, v))),
+    "value": lambda v: v is None or _is_number(v),
+    "user_attr": lambda v: isinstance(v, dict), "user_attrs": lambda v: isinstance(v, dict),
+    "params": lambda v: isinstance(v, dict), "distributions": lambda v: isinstance(v, dict),
+    "intermediate_values": lambda v: isinstance(v, dict) and all(map(_is_number, v.values())),
+    "param_name": lambda v: isinstance(v, str), "study_name": lambda v: isinstance(v, str),
+    "datetime_start": lambda v: v is None or isinstance(v, str),
+    "datetime_complete": lambda v: v is None or isinstance(v, str),
+}
+
+
+def _check(op: dict[str, Any]) -> None:
+    for name, ok in _FIELDS.items():
+        if name in op and not ok(op[name]):
+            raise ValueError(f"a record's {name} is {op[name]!r:.40}")
+    if "state" in op and not 0 <= op["state"] < len(STATES):
+        raise ValueError(f"a record's state is {op['state']!r}")
+
+
 def _when(text: Optional[str]) -> Optional[datetime.datetime]:
     return datetime.datetime.fromisoformat(text) if text is not None else None
 
@@ -129,6 +161,9 @@ class JournalReader:
                 chunk = f.read(CHUNK)
                 end = chunk.rfind(b"\n") + 1  # an unfinished last line is not a record
                 if end == 0:
+                    if len(chunk) == CHUNK:
+                        raise ValueError(f"a line after byte {self.offset} is longer than "
+                                         f"{CHUNK >> 20} MiB (not an Optuna journal?)")
                     return
                 lines = [x for x in chunk[:end].splitlines() if x.strip()]
                 for op in json_lines(lines, self._one):
@@ -153,6 +188,7 @@ class JournalReader:
         return None if t is None or t.state.is_finished() else t
 
     def _apply(self, op: dict[str, Any]) -> None:
+        _check(op)
         code = op["op_code"]
         if code == CREATE_TRIAL:
             self._create_trial(op)

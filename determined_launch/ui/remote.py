@@ -20,10 +20,16 @@ and metadata are read from the storage when a page asks (two requests, once
 for a committed one). Credentials come from the storage library's usual
 places (environment, config files, instance roles) and are never printed:
 errors are one line naming the PATH's printable URL.
+
+Keys are another's names: a name too long for a local file name (a
+300-character run) is mirrored under a shortened name with a hash of the
+whole (``_local_name``), and a key that still cannot be written costs that
+key only (one line; the runs after it go on updating).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -35,6 +41,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from determined_launch.common.redact import printable
 from determined_launch.core._record_sync import STORAGE_DIR, is_record
 from determined_launch.errors import LaunchError
 from determined_launch.experiment.sync import JOURNAL, LOG, RECORD
@@ -49,6 +56,22 @@ TRIAL_RUN = re.compile(r"^(.+)\.trial-(\d+)$")
 METADATA = "metadata.json"
 #: seconds a committed checkpoint's size and metadata are reused
 CHECKPOINT_TTL = 60.0
+#: bytes of a mirrored name kept as it is (file systems allow 255)
+NAME_BYTES = 100
+
+
+def _local_name(name: str) -> str:
+    """A key's part as a local file name: itself if short, else its start and a
+    hash of the whole (two long names never share a directory)."""
+    raw = name.encode("utf-8", errors="surrogateescape")
+    if len(raw) <= NAME_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return f"{raw[:NAME_BYTES // 2].decode('utf-8', errors='ignore')}-{digest}"
+
+
+def _local(rel: str) -> str:
+    return "/".join(_local_name(part) for part in rel.split("/"))
 
 
 def _is_stream(name: str) -> bool:
@@ -88,6 +111,7 @@ class Mirror:
         self._placed: dict[str, str] = {}  # a run in storage -> its local directory
         self._checkpoints: dict[str, tuple[float, dict[str, Any]]] = {}
         self._error = ""
+        self._failed: dict[str, str] = {}  # object -> the error of its last fetch
         self._stop = threading.Event()
 
     def first_sync(self) -> None:
@@ -140,7 +164,7 @@ class Mirror:
             return [(p, parts[0], i) for p, parts, i in self._find(self.base, 1)
                     if _is_run_file(parts[0])]
         if self.mode == "runs":
-            return [(p, "/".join(parts), i) for p, parts, i in self._find(self.base, 2)
+            return [(p, _local("/".join(parts)), i) for p, parts, i in self._find(self.base, 2)
                     if _is_run_file(parts[1])]
         if self.mode == "experiment":  # self.local is the experiment's directory
             exp_files = [(p, (self._experiment, parts[0]), i)
@@ -168,10 +192,10 @@ class Mirror:
             if not _is_run_file(name):
                 continue
             if self._placed.setdefault(run, place) != place:  # its experiment appeared
-                self._forget(self._placed[run])
+                self._forget(_local(self._placed[run]))
                 self._placed[run] = place
             out.append((path, f"{place}/{name}", info))
-        return out
+        return [(path, _local(rel), info) for path, rel, info in out]
 
     def _home(self, experiment: str) -> str:
         """An experiment's local directory, as a prefix ('' in experiment mode)."""
@@ -184,7 +208,10 @@ class Mirror:
                 del table[key]
 
     def sync(self) -> None:
+        """Fetch what changed since the last sync (size, ETag, time: an object
+        whose stamp is the same is never read again)."""
         self.fs.invalidate_cache()  # the writers write: never answer from a listing cache
+        failed: dict[str, str] = {}
         for path, rel, info in self._targets():
             stamp = tuple(info.get(k) for k in ("size", "ETag", "LastModified", "mtime",
                                                  "created"))
@@ -193,7 +220,15 @@ class Mirror:
                     self._fetch(path, rel, int(info.get("size") or 0))
                 except FileNotFoundError:
                     continue  # deleted since the listing
+                except OSError as e:  # this key's fault (a name, a full disk): the rest go on
+                    failed[path] = f"{type(e).__name__}: {e.strerror or e}"
+                    continue
                 self._seen[rel] = stamp
+        for path, error in failed.items():
+            if self._failed.get(path) != error:  # one line per key and error, not per sync
+                print(f"det-launch ui: PATH {self.url}: {printable(path)}: {printable(error)}",
+                      file=sys.stderr, flush=True)
+        self._failed = failed
 
     def _fetch(self, path: str, rel: str, size: int) -> None:
         local = self.local / rel
@@ -254,8 +289,8 @@ class Mirror:
             except Exception as e:  # noqa: BLE001 (storage down: keep serving the copy)
                 error = f"{type(e).__name__}: {_line(e)}"
                 if error != self._error:  # one line per new error, not one per period
-                    print(f"det-launch ui: PATH {self.url}: {error}", file=sys.stderr,
-                          flush=True)
+                    print(f"det-launch ui: PATH {self.url}: {printable(error)}",
+                          file=sys.stderr, flush=True)
                 self._error = error
 
     def close(self) -> None:

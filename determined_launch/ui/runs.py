@@ -7,6 +7,7 @@ Every file is opened through ``files`` (confined to the served roots).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -15,19 +16,33 @@ from collections.abc import Sequence
 from typing import Any, Optional, Protocol, Union
 
 from determined_launch.ui import files, shape
+from determined_launch.ui.cache import ByteLru
+from determined_launch.ui.logscan import LauncherLines
 
 #: streams that are not metric reports (core/_rundir.py and its writers)
 NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "task_sources",
                          "stragglers"})
 GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
-#: the launcher's own lines in a trial's output.log: its preemption and restart history
-LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]*: [^\n]*$", re.MULTILINE)
 LOG_LIMIT = 1 << 20
 #: unread bytes above which a chart gets a preview while the stream is read (~80,000 rows)
 PREVIEW_BYTES = 8 << 20
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
 #: the launcher's summary line as its last word on a job (supervisor/verdict.py's summary)
 SUMMARY = re.compile(r"^det-launch[^:]*: (job .*\bexit status (\d+)\)?)$")
+#: rows of one answer for every row (``metrics`` without ``max_points``); the next
+#: page's ``since`` is in ``X-Metrics-Next``
+ROWS_PAGE = 50_000
+#: downsampled charts and previews kept (estimated bytes)
+CHART_CACHE_BYTES = 32 << 20
+
+
+def chart_points(max_points: int) -> int:
+    """``max_points`` rounded down to one of a few sizes (1000 * 2**k, or a power
+    of two below 1000): a chart's rows are computed and kept once per size, so
+    asking for every number from 2 to 100,000 keeps at most 17 per stream."""
+    if max_points >= 1000:
+        return 1000 << (max_points // 1000).bit_length() - 1
+    return 1 << max(1, max_points.bit_length() - 1)
 
 
 class RemoteCheckpoints(Protocol):
@@ -47,7 +62,12 @@ class _Downsampled:
         self.n = -1
         self.columns: dict[str, shape.Extremes] = {}
         self.rows: list[dict[str, Any]] = []
+        self.body = b"[]"
         self.lock = threading.Lock()
+
+    def nbytes(self) -> int:
+        """Estimated: the rows as dicts are several times their JSON."""
+        return 7 * len(self.body) + 16 * sum(len(e.lo) for e in self.columns.values())
 
 
 class RunReader:
@@ -55,11 +75,12 @@ class RunReader:
         self.roots = roots
         self.streams = files.Streams()
         self._sizes: dict[str, Optional[int]] = {}  # committed checkpoints never change
-        self._events: dict[str, tuple[tuple[int, int], list[str]]] = {}
+        self._events = LauncherLines(roots)
         self._lock = threading.Lock()
-        self._downsampled: dict[tuple[str, str, int], _Downsampled] = {}
+        self._downsampled: ByteLru[_Downsampled] = ByteLru(CHART_CACHE_BYTES)
         self._reading: set[tuple[str, str]] = set()  # streams read by a background thread
-        self._previews: dict[tuple[str, int], tuple[float, list[dict[str, Any]]]] = {}
+        self._previews: ByteLru[tuple[float, list[dict[str, Any]]]] = ByteLru(
+            CHART_CACHE_BYTES // 2)
 
     def table(self, run_dir: str, group: str) -> files.Table:
         if not GROUP.match(group):
@@ -92,6 +113,8 @@ class RunReader:
         file (``files.sample``) and a background thread reads the stream;
         the pages poll each second, so the shape-keeping rows replace the
         preview as soon as the read ends. Requests for every row wait."""
+        if max_points is not None:
+            max_points = chart_points(max_points)
         if max_points is not None and GROUP.match(group):
             path = os.path.join(run_dir, f"{group}.jsonl")
             if self.streams.backlog(path) > PREVIEW_BYTES:
@@ -99,8 +122,37 @@ class RunReader:
                 return self._preview(path, max_points), True
         table = self.table(run_dir, group)
         if max_points is not None and len(table) > max_points:
-            return self._downsample(run_dir, group, table, max_points), False
+            return self._downsample(run_dir, group, table, max_points).rows, False
         return [shape.finite(r) for r in table.rows(range(max(0, since), len(table)))], False
+
+    def chart_body(self, run_dir: str, group: str, max_points: Optional[int] = None,
+                   since: int = 0) -> tuple[bytes, dict[str, str]]:
+        """``chart`` as the server sends it: JSON and headers, memory bounded
+        whatever is asked. A downsampled chart is encoded once per size and
+        stream length; every row from ``since`` comes a page
+        (``ROWS_PAGE`` rows) at a time, never kept."""
+        headers: dict[str, str] = {}
+        table: Optional[files.Table] = None
+        if max_points is not None:
+            max_points = chart_points(max_points)
+            rows, preview = self.chart(run_dir, group, max_points, since)
+            if preview:  # the stream is being read: not read here
+                headers["X-Metrics-Preview"] = "sampled"
+                return _encode(rows), headers
+            table = self.table(run_dir, group)
+            body = (self._downsample(run_dir, group, table, max_points).body
+                    if len(table) > max_points else _encode(rows))
+        else:
+            table = self.table(run_dir, group)
+            start = max(0, since)
+            stop = min(len(table), start + ROWS_PAGE)
+            body = _encode([shape.finite(r) for r in table.rows(range(start, stop))])
+            if stop < len(table):
+                headers["X-Metrics-Next"] = str(stop)
+        skipped = table.skipped
+        if skipped:  # lines too long or too odd to keep: the chart goes on after them
+            headers["X-Metrics-Skipped-Lines"] = str(skipped)
+        return body, headers
 
     def _preview(self, path: str, max_points: int) -> list[dict[str, Any]]:
         """One sample a second at most, however many tabs ask: the GIL it
@@ -110,10 +162,7 @@ class RunReader:
         if hit is not None and now - hit[0] < 1.0:
             return hit[1]
         rows = [shape.finite(r) for r in files.sample(path, self.roots, max_points).rows()]
-        with self._lock:
-            if len(self._previews) > 64:
-                self._previews.clear()
-            self._previews[(path, max_points)] = (now, rows)
+        self._previews.put((path, max_points), (now, rows), 600 * len(rows))
         return rows
 
     def _read_in_background(self, run_dir: str, group: str) -> None:
@@ -133,14 +182,15 @@ class RunReader:
         threading.Thread(target=read, name=f"read {group}", daemon=True).start()
 
     def _downsample(self, run_dir: str, group: str, table: files.Table,
-                    max_points: int) -> list[dict[str, Any]]:
+                    max_points: int) -> _Downsampled:
         """Rows that keep each metric's shape, kept up to date as the stream grows
         (``shape.Extremes``): a poll of a growing million-row stream costs its new rows."""
         key = (run_dir, group, max_points)
         with self._lock:
             state = self._downsampled.get(key)
             if state is None or state.table is not table:  # new, or read again from the start
-                state = self._downsampled[key] = _Downsampled(table)
+                state = _Downsampled(table)
+                self._downsampled.put(key, state, 0)
         with state.lock:
             if state.n != len(table):
                 rows: set[int] = set()
@@ -149,8 +199,10 @@ class RunReader:
                     ext.update(col)
                     rows.update(ext.indices(col))
                 state.rows = [shape.finite(r) for r in table.rows(sorted(rows))]
+                state.body = _encode(state.rows)
                 state.n = len(table)
-            return state.rows
+                self._downsampled.put(key, state, state.nbytes())
+            return state
 
     def _ends(self, run_dir: str, group: str) -> files.Table:
         """The stream's rows, or while a long one is unread, its first and
@@ -244,24 +296,10 @@ class RunReader:
         return shape.redact_text(data.decode("utf-8", errors="replace")), end
 
     def launcher_events(self, run_dir: str) -> list[str]:
-        """The launcher's own lines (preempted, restarted, failed) from the log."""
-        path = os.path.join(run_dir, "output.log")
-        real = files.confined(path, self.roots)
-        if real is None:
-            return []
-        try:
-            st = os.stat(real)
-        except OSError:
-            return []
-        key = (st.st_size, st.st_mtime_ns)
-        hit = self._events.get(real)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        data, _ = files.tail_bytes(real, self.roots, 0, 64 << 20)
-        events = [shape.redact(m.group(0).decode("utf-8", errors="replace"))
-                  for m in LAUNCHER_LINE.finditer(data)][-200:]
-        self._events[real] = (key, events)
-        return events
+        """The launcher's own lines (preempted, restarted, failed) from the log,
+        read from where the last call ended (logscan.py)."""
+        return [shape.redact(line) for line in
+                self._events.lines(os.path.join(run_dir, "output.log"))]
 
     @staticmethod
     def outcome(events: Sequence[str]) -> dict[str, Any]:
@@ -306,3 +344,7 @@ class RunReader:
         first = [t for t in first if t == t]
         last = [t for t in last if t == t]
         return (min(first) if first else None, max(last) if last else None)
+
+
+def _encode(rows: list[dict[str, Any]]) -> bytes:
+    return json.dumps(rows, separators=(",", ":")).encode()

@@ -10,7 +10,9 @@ once, which sets an HttpOnly SameSite cookie, or ``Authorization: Bearer``):
 none is 401, a wrong one 403. On loopback the Host header must name
 loopback, so a web page elsewhere cannot reach the server by DNS rebinding.
 Names in URLs are looked up in the catalog, never joined into paths, and
-every file read is confined to the served trees (files.py).
+every file read is confined to the served trees (files.py). Connections are
+bounded before any of this (conn.py); what the server keeps is bounded in
+bytes (cache.py); text from a request printed to the operator is escaped.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import socket
 import sys
 import urllib.parse
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
+from determined_launch.common.redact import printable
 from determined_launch.ui.api import Api
+from determined_launch.ui.conn import BoundedServer, DeadlineHandler
 from determined_launch.ui.runs import GROUP, Storages
 
 STATIC = pathlib.Path(__file__).parent / "static"
@@ -70,25 +73,22 @@ def _int(query: dict[str, list[str]], name: str, lo: int, hi: int) -> Optional[i
     return max(lo, min(hi, value))
 
 
-class UiServer(ThreadingHTTPServer):
-    daemon_threads = True
+class UiServer(BoundedServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], api: Api, token: Optional[str],
-                 actions: bool = False) -> None:
+                 actions: bool = False, **limits: Any) -> None:
         self.api = api
         self.token = token
         #: the CSRF header's value: derived from the token, readable only through the API
         self.csrf = (hmac.new(token.encode(), b"det-ui-csrf", hashlib.sha256).hexdigest()
                      if actions and token else None)
-        #: (run dir, group, max_points, since) -> (the rows object, its JSON)
-        self.encoded: dict[tuple[Any, ...], tuple[list[Any], bytes]] = {}
         self.assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        super().__init__(address, Handler)
+        super().__init__(address, Handler, **limits)
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(DeadlineHandler):
     server: UiServer
     protocol_version = "HTTP/1.1"
 
@@ -151,6 +151,8 @@ class Handler(BaseHTTPRequestHandler):
                 origin is not None and origin != f"http://{self.headers.get('Host')}")):
             status = HTTPStatus.FORBIDDEN
         segments = [urllib.parse.unquote(x) for x in raw_path.split("/")[1:]]
+        if status is None and not raw_path.startswith("/"):
+            status = HTTPStatus.NOT_FOUND
         if status is None and not (len(segments) == 5 and segments[:3] == ["api", "v1",
                                                                           "experiments"]
                                    and segments[4] == "pause"):
@@ -182,8 +184,10 @@ class Handler(BaseHTTPRequestHandler):
             extra["Set-Cookie"] = f"{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/"
         try:
             segments = [urllib.parse.unquote(s) for s in raw_path.split("/")[1:]]
-            if any(s in (".", "..") or "/" in s or "\\" in s or "\x00" in s for s in segments):
-                raise NotFound
+            if not raw_path.startswith("/") or any(
+                    s in (".", "..") or "/" in s or "\\" in s or not s.isprintable()
+                    for s in segments):
+                raise NotFound  # control characters (ESC, OSC) name nothing here
             if segments[:2] == ["api", "v1"]:
                 body, ctype, more = self._api(segments[2:], query)
                 extra.update(more)
@@ -198,8 +202,8 @@ class Handler(BaseHTTPRequestHandler):
                        head=head)
             return
         except Exception as e:  # noqa: BLE001 (one line to the page and to stderr, no trace)
-            print(f"det-launch ui: {self.path.split('?')[0]}: {type(e).__name__}: {e}",
-                  file=sys.stderr, flush=True)
+            print(f"det-launch ui: {printable(self.path.split('?')[0])}: {type(e).__name__}: "
+                  f"{printable(e)}", file=sys.stderr, flush=True)
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
                        json.dumps({"error": type(e).__name__}).encode(), "application/json")
             return
@@ -266,18 +270,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise NotFound  # a group is a stream's name, never a path
             points = _int(query, "max_points", 2, MAX_POINTS)
             since = _int(query, "since", 0, 1 << 62) or 0
-            rows, preview = reader.chart(run_dir, group, points, since)
-            if preview:
-                body, kind, _ = _json(rows)
-                return body, kind, {"X-Metrics-Preview": "sampled"}
-            # Downsampled rows are one cached list until the stream grows: encode it once.
-            key = (run_dir, group, points, since)
-            hit = self.server.encoded.get(key)
-            if hit is None or hit[0] is not rows:
-                if len(self.server.encoded) > 1024:
-                    self.server.encoded.clear()
-                hit = self.server.encoded[key] = (rows, _json(rows)[0])
-            return hit[1], "application/json", {}
+            body, more = reader.chart_body(run_dir, group, points, since)
+            return body, "application/json", more
         if seg == ["checkpoints"]:
             return _json(reader.checkpoints(run_dir, storage))
         if seg == ["logs"]:

@@ -2,50 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import math
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-#: a key whose value is never shown (hparams, metadata, configs): job secrets,
-#: storage credentials, database passwords, API tokens
-SECRET_KEY = re.compile(
-    r"(secret|passw|pwd|token|credential|private|api[_-]?key|access[_-]?key|auth"
-    r"|(^|[_.-])key$)", re.IGNORECASE)
-#: ``scheme://user:password@host``: the userinfo goes
-URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-#: ``password=...`` / ``token: ...`` inside free text (status notes, launcher lines, logs)
-TEXT_SECRET = re.compile(
-    r"(?i)\b([\w.-]*(?:secret|passw|token|credential|api[_-]?key|access[_-]?key)[\w.-]*)"
-    r"(\s*[=:]\s*)([^\s,;&'\")\]]+)")
-REDACTED = "***"
+# The one redaction rule (common/redact.py), as the UI's modules have always named it.
+from determined_launch.common.redact import REDACTED, redact, redact_text
 
-
-def redact_text(text: str) -> str:
-    text = URL_USERINFO.sub(rf"\1{REDACTED}@", text)
-    return TEXT_SECRET.sub(rf"\1\2{REDACTED}", text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _secret(key: str) -> bool:
-    """Whether a key's value is hidden (10,000 trials repeat a few keys)."""
-    return SECRET_KEY.search(key) is not None
-
-
-def redact(value: Any, depth: int = 0) -> Any:
-    """``value`` with secret-looking keys' values and URL credentials replaced."""
-    if depth > 32:
-        return REDACTED
-    if isinstance(value, Mapping):
-        return {str(k): REDACTED if _secret(str(k)) else redact(v, depth + 1)
-                for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(v, depth + 1) for v in value]
-    if isinstance(value, str):
-        return redact_text(value)
-    return value
-
+__all__ = ["REDACTED", "redact", "redact_text", "finite", "Extremes", "bucket_extremes"]
 
 _LEAVES = frozenset({str, int, bool, type(None)})
 

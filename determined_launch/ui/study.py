@@ -7,9 +7,15 @@ experiment: a journal file is read directly and followed from where the
 last read ended (``journal.py``), so polling a 10,000-trial study costs what
 changed; a database is read through Optuna.
 
-The study's URL comes from ``experiment.json``; a database whose URL had a
-password is opened only with ``--study-storage`` (the password is never
-written to the directory), and its URL is never shown.
+The study's place comes from ``experiment.json``, a file anyone who can
+write the served tree (or the bucket it mirrors) may have made, so it is
+trusted only this far: a journal file or an SQLite database is opened only
+if it is a file inside the served directories (an SQLite one read-only, so
+nothing is ever created), and any other database only when the operator
+named it with ``--study-storage`` (a password is never written to the
+directory). Anything else is one message, the same whether or not the named
+file exists (no oracle for files outside the tree). A mirrored experiment's
+record names its journal beside it (``storage: null``).
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any, Optional
 
+from determined_launch.common.redact import printable
 from determined_launch.errors import LaunchError
+from determined_launch.ui.files import confined
 from determined_launch.ui.journal import JournalReader
 
 #: seconds a study read is reused (many tabs polling one experiment share it)
@@ -32,8 +41,9 @@ class StudyError(Exception):
 
 
 class Studies:
-    def __init__(self, storage_url: Optional[str]) -> None:
+    def __init__(self, storage_url: Optional[str], roots: Sequence[str] = ()) -> None:
         self.url = storage_url
+        self.roots = roots
         self._lock = threading.Lock()
         self._open: dict[str, tuple[threading.Lock, list[Any]]] = {}
         self._cache: dict[str, tuple[float, list[Any]]] = {}
@@ -41,17 +51,37 @@ class Studies:
         self._readers: dict[str, JournalReader] = {}
 
     def _url(self, exp_dir: str, record: dict[str, Any]) -> Optional[str]:
+        """The journal's path or the database URL to open (None: the journal
+        in the experiment directory), or ``StudyError`` saying why not."""
         from determined_launch.experiment import searchers as se
 
         stored = record.get("storage")
         if not stored:
             return None  # the journal in the experiment directory
-        if record.get("storage_has_password"):
-            if self.url and se.storage_label(self.url) == stored:
-                return self.url
-            raise StudyError(f"the study is in {stored}; give its URL with --study-storage "
-                             "(the password is never written to the experiment directory)")
-        return str(stored)
+        if not isinstance(stored, str):
+            raise StudyError("experiment.json: 'storage' is not a string")
+        label = printable(se.storage_label(stored))
+        if self.url and se.storage_label(self.url) == stored:
+            return self.url  # the operator named it
+        if record.get("storage_has_password") or ("://" in stored
+                                                  and not stored.startswith("sqlite:///")):
+            raise StudyError(f"the study is in {label}; give its URL with --study-storage "
+                             "(the UI opens a database only when its operator names it; the "
+                             "password is never written to the experiment directory)")
+        if "://" not in stored:
+            return self._inside(stored, label, missing_ok=True)
+        path = stored[len("sqlite:///"):].split("?", 1)[0]
+        return f"sqlite:///file:{self._inside(path, label)}?mode=ro&uri=true"
+
+    def _inside(self, path: str, label: str, missing_ok: bool = False) -> str:
+        """``path``'s real path if it is a file (or, ``missing_ok``, nothing yet)
+        inside the served directories; one message otherwise, whatever is there."""
+        real = confined(os.path.abspath(path), self.roots) if path else None
+        if real is not None and (os.path.isfile(real) or
+                                 (missing_ok and not os.path.lexists(real))):
+            return real
+        raise StudyError(f"study storage {label}: not a file inside the served directories "
+                         "(the UI opens no study outside them)")
 
     def trials(self, exp_dir: str, record: dict[str, Any]) -> list[Any]:
         """The study's trials, [] before it has any: a journal file's read
@@ -66,8 +96,9 @@ class Studies:
                 return hit[1]
             url = self._url(exp_dir, record)
             if url is None or "://" not in url:
-                trials = self._journal(url or os.path.join(exp_dir, "study.journal"),
-                                       str(record.get("name", "")))
+                path = url or self._inside(os.path.join(exp_dir, "study.journal"),
+                                           "study.journal", missing_ok=True)
+                trials = self._journal(path, str(record.get("name", "")))
             else:
                 if not slot:
                     opened = self._load(exp_dir, record)
@@ -89,7 +120,8 @@ class Studies:
             return reader.trials() or []
         except OSError as e:
             raise StudyError(f"study storage {path}: {e.strerror or e}") from None
-        except (ValueError, KeyError, TypeError, IndexError) as e:
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError,
+                AttributeError) as e:
             self._readers.pop(path, None)  # read again from the start next time
             raise StudyError(f"study storage {path}: not an Optuna journal "
                              f"({type(e).__name__}: {e})") from None
@@ -142,10 +174,11 @@ class Studies:
                              "'determined_launch[search]'") from None
         url = self._url(exp_dir, record)
         journal = os.path.join(exp_dir, "study.journal")
-        if url is None and not os.path.isfile(journal):
+        if "://" not in (url or "") and not os.path.isfile(url or journal):
             return None  # opening would create it: the UI never writes
         try:
-            storage = se.open_storage(url, journal)
+            storage = (_read_only_sqlite(url) if url and url.startswith("sqlite:///file:")
+                       else se.open_storage(url, journal))
             study_id = storage.get_study_id_from_name(str(record.get("name", "")))
         except LaunchError as e:
             raise StudyError(str(e)) from None
@@ -155,3 +188,11 @@ class Studies:
             raise StudyError(f"study storage: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
         return storage, study_id
+
+
+def _read_only_sqlite(url: str) -> Any:
+    """An SQLite study opened read-only: no tables made, no version written."""
+    import optuna
+
+    return optuna.storages.RDBStorage(url, skip_table_creation=True,
+                                      skip_compatibility_check=True)

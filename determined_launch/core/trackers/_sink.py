@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Optional, Protocol
 
+from determined_launch.common.redact import printable, redact_text
+
 logger = logging.getLogger("determined_launch.core")
 
 #: Reports a tracker may be behind by before new ones are dropped.
@@ -165,5 +167,6 @@ class Sink:
         self._lost += lost + len(self._queue)
         self._queue.clear()
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        # The tracker server's text: secrets hidden, its terminal escapes made inert.
         logger.warning("%s %s (%s: %s); training goes on without it", self.backend.name, what,
-                       type(error).__name__, first[:300])
+                       type(error).__name__, printable(redact_text(first[:300])))

@@ -1,0 +1,97 @@
+"""The launcher's own lines in a run's ``output.log``, read once.
+
+``det-launch`` writes its preemption, restart and summary lines into the
+run's output beside the workers' (``det-launch: job succeeded ... (exit
+status 0)``). A page shows them and the run's outcome is the last summary,
+so the whole log is scanned, but each byte once: a log is followed from
+where the last scan ended (a 70 MiB log is read once, then only what is
+appended; an unchanged one costs a ``stat``), in bounded chunks, keeping the
+newest ``KEEP`` lines. A replaced or shortened file is scanned again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+from determined_launch.ui import files
+from determined_launch.ui.cache import ByteLru
+
+#: the launcher's own lines: its preemption and restart history, its summary
+LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]{0,200}: [^\n]*$", re.MULTILINE)
+KEEP = 200
+#: a launcher line is short; a longer one is cut (it is shown, not parsed further)
+LINE_CHARS = 1000
+CHUNK = 8 << 20
+#: logs' scan states kept (estimated bytes)
+CACHE_BYTES = 16 << 20
+
+
+class _Scan:
+    def __init__(self, key: tuple[int, int]) -> None:
+        self.key = key
+        self.offset = 0  # bytes scanned (always at a line start, or inside a skipped line)
+        self.size = -1
+        self.mtime = -1
+        self.skipping = False  # inside a line longer than CHUNK: not a launcher line
+        self.lines: deque[str] = deque(maxlen=KEEP)
+        self.lock = threading.Lock()
+
+
+class LauncherLines:
+    def __init__(self, roots: Sequence[str]) -> None:
+        self.roots = roots
+        self._scans: ByteLru[_Scan] = ByteLru(CACHE_BYTES)
+
+    def lines(self, path: str) -> list[str]:
+        real = files.confined(path, self.roots)
+        if real is None:
+            return []
+        try:
+            st = os.stat(real)
+        except OSError:
+            return []
+        key = (st.st_dev, st.st_ino)
+        scan = self._scans.get(real)
+        if scan is None or scan.key != key or st.st_size < scan.offset:
+            scan = _Scan(key)  # new, replaced or cut: from the start
+        with scan.lock:
+            if (st.st_size, st.st_mtime_ns) != (scan.size, scan.mtime):
+                self._follow(real, scan)
+                scan.size, scan.mtime = st.st_size, st.st_mtime_ns
+            lines = list(scan.lines)
+        self._scans.put(real, scan, 200 + sum(len(x) for x in lines))
+        return lines
+
+    @staticmethod
+    def _follow(path: str, scan: _Scan) -> None:
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return
+        with f:
+            while True:
+                f.seek(scan.offset)
+                chunk = f.read(CHUNK)
+                full = len(chunk) == CHUNK
+                if scan.skipping:
+                    cut = chunk.find(b"\n") + 1
+                    scan.offset += cut or len(chunk)
+                    scan.skipping = not cut
+                    if full or cut:
+                        continue
+                    return
+                end = chunk.rfind(b"\n") + 1  # a line still being written waits
+                if end == 0:
+                    if full:
+                        scan.skipping, scan.offset = True, scan.offset + len(chunk)
+                        continue
+                    return
+                for m in LAUNCHER_LINE.finditer(chunk, 0, end):
+                    scan.lines.append(m.group(0)[:LINE_CHARS].decode("utf-8", errors="replace"))
+                scan.offset += end
+                if not full:
+                    return
