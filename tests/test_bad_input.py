@@ -41,6 +41,11 @@ def _info(**fields: object) -> Files:
     return _info_file(json.dumps(fields).encode())
 
 
+def _storage_under_a_file(tmp: Path) -> dict[str, str]:
+    (tmp / "a-file").write_text("")
+    return {"DET_CHECKPOINT_STORAGE": str(tmp / "a-file" / "ckpts")}
+
+
 GOOD = {"container_addrs": ["127.0.0.1"], "container_rank": 0, "container_slot_counts": [1]}
 
 #: (id, launcher flags, environment, files, what the one line must say)
@@ -91,6 +96,10 @@ CASES: list[tuple[str, list[str], dict[str, str], Optional[Files], str]] = [
     ("dist-transport", [], {"DET_DIST_TRANSPORT": "foo"}, None,
      "DET_DIST_TRANSPORT: expected one of direct, zmq, got 'foo'"),
     ("c10d-port", [], {"C10D_PORT": "80"}, None, "C10D_PORT: expected a port in 1024-65533"),
+    # checked before any worker starts, not at the first save (issue 33 §2.7); as root a
+    # file in the path is what makes a directory unwritable
+    ("storage-unwritable", [], {}, _storage_under_a_file,
+     "ckpts (DET_CHECKPOINT_STORAGE or a checkpoint_storage block): cannot write there: "),
     ("unknown-flag", ["--bogus"], {}, None, "unknown launcher option --bogus"),
     ("no-script", [], {}, None, "no command to run"),
 ]

@@ -6,7 +6,9 @@ Nothing here imports fsspec or a cloud library until an object store is opened.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -70,8 +72,37 @@ def check_storage(spec: Optional[StorageSpec], *, probe: bool) -> None:
     (its extra is installed, its block valid): with ``probe`` (the chief), that
     the bucket answers. A mistake is one ``StorageConfigError`` line instead of
     a traceback per rank."""
-    if spec is not None and probe and not spec.is_directory:
+    if spec is None or not probe:
+        return
+    if spec.is_directory:
+        _check_writable(pathlib.Path(spec.root))
+    else:
         open_storage(spec, probe=True)
+
+
+def _check_writable(root: pathlib.Path) -> None:
+    """An unwritable place is one line now, not a chained traceback per rank at the
+    first save, hours in. Nothing is left behind (``--dry-run`` too): an existing
+    directory gets a file created and removed; else its nearest existing parent
+    must be a directory we may create it in."""
+    problem = ""
+    try:
+        if root.is_dir():
+            fd, name = tempfile.mkstemp(prefix=".det-write-check-", dir=root)
+            os.close(fd)
+            os.unlink(name)
+        else:
+            parent = next(p for p in (root, *root.parents) if p.exists())
+            if parent is root or not parent.is_dir():
+                problem = f"{parent} is not a directory"
+            elif not os.access(parent, os.W_OK | os.X_OK):
+                problem = f"cannot create directories in {parent}"
+    except OSError as e:
+        problem = str(e.strerror or e)
+    if problem:
+        raise StorageConfigError(
+            f"checkpoint storage {root} (DET_CHECKPOINT_STORAGE or a checkpoint_storage "
+            f"block): cannot write there: {problem}")
 
 
 def commit_check(env: Mapping[str, str], from_info: Any) -> Callable[[str], bool]:
