@@ -187,7 +187,7 @@ class Watchdog:
     def _judge(self, beats: Mapping[int, Beat], late: list[int], wall: float) -> Optional[Hang]:
         silent = {r: wall - beats[r].time - envvars.PROGRESS_PERIOD for r in late}
         stops = {r for r in late if stopped(beats[r].pid)}
-        stacks = self._dump(beats)
+        stacks = self._dump({r: b for r, b in beats.items() if r not in stops})
         frames = {r: innermost(s) for r, s in stacks.items()}
         rank = choose(silent, stops, frames, self.timeout or 0.0)
         if rank is None:
@@ -198,7 +198,7 @@ class Watchdog:
         elif stacks.get(rank):
             lines.append(f"rank {rank}'s Python stack (most recent call first):")
             lines.extend("  " + line for line in stacks[rank].strip().splitlines())
-        for other in sorted(beats):
+        for other in sorted(beats):  # the node's other ranks, where each waits
             if other != rank:
                 where = ("is stopped" if other in stops
                          else f"waits {describe_frame(frames.get(other))}")
@@ -206,7 +206,8 @@ class Watchdog:
         return Hang(rank, silent[rank], tuple(lines))
 
     def _dump(self, beats: Mapping[int, Beat]) -> dict[int, str]:
-        """Each rank's new faulthandler dump (empty for a stopped process)."""
+        """Each rank's new faulthandler dump (a stopped process would answer only once
+        continued: not asked)."""
         sig = int(signal.SIGRTMIN) + envvars.PROGRESS_STACK_OFFSET
         asked = []
         for rank, b in beats.items():
