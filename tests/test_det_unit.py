@@ -222,3 +222,26 @@ def test_snapshot_copies_inside_only_and_is_bounded(tmp_path: pathlib.Path) -> N
     with pytest.raises(LaunchError, match="exceed the maximum allowed size"):
         snapshot(src, tmp_path / "dst2", limit=4)
     assert not (tmp_path / "dst2").exists()
+
+
+def test_the_slurm_array_script_and_the_k8s_job(tmp_path: pathlib.Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    import subprocess
+
+    from determined_launch.det.cluster import k8s_manifest, sbatch_script
+
+    exp = tmp_path / "root" / "e"
+    exp.mkdir(parents=True)
+    (exp / "config.yaml").write_text(json.dumps({
+        "name": "e", "entrypoint": "python3 train.py", "hyperparameters": {"x": 1},
+        "searcher": {"name": "random", "metric": "loss", "max_trials": 8,
+                     "max_concurrent_trials": 3}}))
+    script = sbatch_script(4, exp, [])
+    assert "#SBATCH --array=0-2\n" in script and "--worker" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and f"{exp}/det_paused" in script
+    assert "--array" not in sbatch_script(4, exp, ["--array=0-7"])
+    assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
+    job = yaml.safe_load(k8s_manifest(4, exp))
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 3
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][-3:] == ["--worker", "--experiment-dir", str(exp)]

@@ -43,7 +43,11 @@ while [ $status -gt 128 ] && kill -0 $worker 2>/dev/null; do wait $worker; statu
 if [ $status -gt 128 ]; then
   wait $worker 2>/dev/null; again=$?; [ $again -ne 127 ] && status=$again
 fi
-if [ $status -eq {preempted} ] && [ -n "$SLURM_JOB_ID" ]; then scontrol requeue "$SLURM_JOB_ID"; fi
+# ...unless det e pause / cancel / kill stopped the experiment
+if [ $status -eq {preempted} ] && [ -n "$SLURM_JOB_ID" ] && [ ! -e {exp_dir}/{paused} ] \
+    && [ ! -e {exp_dir}/{killed} ]; then
+  scontrol requeue "$SLURM_JOB_ID"
+fi
 exit $status
 """
 
@@ -94,7 +98,8 @@ def sbatch_script(exp_id: int, exp_dir: pathlib.Path, sbatch_args: Sequence[str]
     given = any(a == "--array" or a.startswith(("--array=", "-a")) for a in sbatch_args)
     array = "" if given else f"#SBATCH --array=0-{_workers(exp_dir) - 1}\n"
     return SBATCH.format(exp_id=exp_id, exp_dir=exp_dir, array=array, root=exp_dir.parent,
-                         preempted=EXIT_PREEMPTED, command=shlex.join(worker_command(exp_dir)))
+                         preempted=EXIT_PREEMPTED, command=shlex.join(worker_command(exp_dir)),
+                         paused=state.PAUSED, killed=state.KILLED)
 
 
 def k8s_manifest(exp_id: int, exp_dir: pathlib.Path) -> str:
@@ -112,17 +117,23 @@ def submit(ns: argparse.Namespace, exp_id: int, exp_dir: pathlib.Path) -> int:
               file=sys.stderr)
         print(text, end="")
         return 0
-    if shutil.which("sbatch") is None:
-        raise LaunchError("--slurm: sbatch is not on PATH (run det on a SLURM login node)")
     script = exp_dir / "workers.sbatch"
     script.write_text(sbatch_script(exp_id, exp_dir, ns.slurm))
-    r = subprocess.run(["sbatch", "--parsable", *ns.slurm, str(script)], capture_output=True,
-                       text=True, check=False, timeout=60)
+    print(f"Created experiment {exp_id}")
+    job = sbatch(exp_dir, ns.slurm)
+    print(f"Submitted SLURM job {job} ({script})")
+    return 0
+
+
+def sbatch(exp_dir: pathlib.Path, args: Sequence[str]) -> int:
+    """Submit the experiment's workers (again, for det e activate); the job's id."""
+    if shutil.which("sbatch") is None:
+        raise LaunchError("--slurm: sbatch is not on PATH (run det on a SLURM login node)")
+    r = subprocess.run(["sbatch", "--parsable", *args, str(exp_dir / "workers.sbatch")],
+                       capture_output=True, text=True, check=False, timeout=60)
     job = r.stdout.strip().split(";")[0]
     if r.returncode != 0 or not job.isdigit():
         raise LaunchError(f"--slurm: sbatch failed: {(r.stderr or r.stdout).strip()[:500]}")
     state.write_json(exp_dir / state.DRIVER, {"slurm_job": int(job), "started": time.time(),
-                                              "argv": None})
-    print(f"Created experiment {exp_id}")
-    print(f"Submitted SLURM job {job} ({script})")
-    return 0
+                                              "argv": None, "sbatch_args": list(args)})
+    return int(job)

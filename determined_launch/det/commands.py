@@ -206,12 +206,20 @@ def _preempt_running(v: state.View) -> None:
                 pass
 
 
+def _scancel(v: state.View, *args: str) -> None:
+    job = state.read_json(v.exp.dir / state.DRIVER).get("slurm_job")
+    if job and shutil.which("scancel"):
+        subprocess.run(["scancel", *args, str(job)], check=False, capture_output=True, timeout=30)
+
+
 def pause(ns: argparse.Namespace, root: Root) -> int:
     v = _view(root, ns.experiment_id)
     if v.state in state.FINAL:
         raise LaunchError(f"experiment {v.exp.id} is {v.state}; only an active one pauses")
+    (v.exp.dir / state.PAUSED).touch()
     if not _signal_driver(v, signal.SIGTERM):  # the driver preempts every trial, exits 75
-        _preempt_running(v)
+        _preempt_running(v)  # each worker's driver then stops too (no requeue: det_paused)
+        _scancel(v, "--state=PENDING")
     print(f"Paused experiment {v.exp.id}")
     return 0
 
@@ -225,7 +233,15 @@ def activate(ns: argparse.Namespace, root: Root) -> int:
         return 0
     if v.state in state.FINAL:
         raise LaunchError(f"experiment {v.exp.id} is {v.state}: it cannot be activated")
-    argv = state.read_json(v.exp.dir / state.DRIVER).get("argv")
+    driver = state.read_json(v.exp.dir / state.DRIVER)
+    argv = driver.get("argv")
+    (v.exp.dir / state.PAUSED).unlink(missing_ok=True)
+    if driver.get("slurm_job"):
+        from determined_launch.det.cluster import sbatch
+
+        sbatch(v.exp.dir, [str(a) for a in driver.get("sbatch_args") or ()])
+        print(f"Activated experiment {v.exp.id}")
+        return 0
     if not isinstance(argv, list) or not (v.exp.dir / "context").is_dir():
         raise LaunchError(f"experiment {v.exp.id} was not created by det e create; rerun its "
                           "det-launch experiment command to resume it")
@@ -242,9 +258,7 @@ def kill(ns: argparse.Namespace, root: Root) -> int:
         _signal_driver(v, signal.SIGTERM)
     else:
         _preempt_running(v)
-    job = state.read_json(v.exp.dir / state.DRIVER).get("slurm_job")
-    if job and shutil.which("scancel"):
-        subprocess.run(["scancel", str(job)], check=False, capture_output=True, timeout=30)
+    _scancel(v)
     print(f"Killed experiment {v.exp.id}")
     return 0
 
@@ -305,5 +319,6 @@ def cancel(ns: argparse.Namespace, root: Root) -> int:
     (v.exp.dir / state.KILLED).touch()
     if not _signal_driver(v, signal.SIGTERM):
         _preempt_running(v)
+        _scancel(v, "--state=PENDING")
     print(f"Canceled experiment {v.exp.id}")
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import pathlib
@@ -113,6 +114,8 @@ def prepare(ns: argparse.Namespace, root: exproot.Root) -> tuple[int, pathlib.Pa
     if ns.test_mode:
         config = small_config(config)
     name = _check(config, ns.config_file)
+    if importlib.util.find_spec("optuna") is None:  # one line now, not a failure in the background
+        raise LaunchError(f"det e create runs det-launch experiment, which needs Optuna: {INSTALL}")
     context = pathlib.Path(ns.model_def or ".").absolute()
     if not context.is_dir():
         raise LaunchError(f"context path '{context}' must be a directory")

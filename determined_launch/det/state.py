@@ -4,7 +4,8 @@ UI reads it, ui/study.py) and the files ``det e create`` keeps beside them::
 
     <exp>/det_driver.json   the detached driver: pid, host, start; or the SLURM job
     <exp>/det_end.json      how the driver ended (its exit status, when)
-    <exp>/det_killed        ``det e kill`` was here (Determined's CANCELED)
+    <exp>/det_killed        ``det e kill``/``cancel`` was here (Determined's CANCELED)
+    <exp>/det_paused        ``det e pause`` was here (a SLURM worker is then not requeued)
     <exp>/experiment.log    the driver's own output (each trial's is trials/<id>/output.log)
 """
 
@@ -28,6 +29,7 @@ from determined_launch.ui.study import Studies, StudyError
 DRIVER = "det_driver.json"
 END = "det_end.json"
 KILLED = "det_killed"
+PAUSED = "det_paused"
 LOG = "experiment.log"
 #: report.state_of's words -> Determined's trial states
 TRIAL_STATES = {"completed": "COMPLETED", "stopped (ASHA)": "COMPLETED", "running": "RUNNING",
@@ -64,10 +66,13 @@ def pid_alive(record: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child (the `det` that started it still waits) is not running
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
+    try:  # a zombie child (the `det` that started it still waits) is not running,
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # nor a process that reused its pid
+            return b"determined_launch" in f.read(1 << 16)
+    except (OSError, IndexError):
         return True
 
 
