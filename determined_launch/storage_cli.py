@@ -7,20 +7,24 @@ STORAGE is anything ``core.init(checkpoint_storage=...)`` accepts: a
 directory, a URL (s3://, gs://, az://, file://) or a YAML file with a
 ``checkpoint_storage`` block. ``list`` prints ``<storage id>\t<metadata>``
 per committed checkpoint, by the metadata's ``steps_completed`` (newest
-last). ``gc`` reports what interrupted saves left (files without a commit
-marker) and removes them only with ``--remove``; committed checkpoints are
-never touched.
+last); with none it says so on stderr and exits 1 (2: no such directory).
+``gc`` reports what interrupted saves left (files without a commit marker)
+and removes them only with ``--remove``; committed checkpoints are never touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from determined_launch.core.storage import open_storage, parse_storage
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
+
+#: ``list`` found no committed checkpoint
+EXIT_NONE = 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +53,19 @@ def by_step(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[
     return sorted(rows, key=key)
 
 
+def _none_listed(url: str, leftovers: Sequence[str]) -> int:
+    """``list`` of a storage without a committed checkpoint: said, and a status a
+    script can test (1, as ``grep`` finding nothing; 2 for a directory that is not
+    there, a typo until proven otherwise)."""
+    if "://" not in url and not pathlib.Path(url).is_dir():
+        print(f"det-launch checkpoints: error: {url}: no such directory", file=sys.stderr)
+        return EXIT_USAGE
+    more = (f"; {len(leftovers)} leftover(s) of interrupted saves (det-launch checkpoints gc)"
+            if leftovers else "")
+    print(f"det-launch checkpoints: no committed checkpoints in {url}{more}", file=sys.stderr)
+    return EXIT_NONE
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         ns = _parser().parse_args(list(argv))
@@ -65,6 +82,8 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 1
     if ns.action == "list":
+        if not committed:
+            return _none_listed(backend.url, leftovers)
         for sid, metadata in by_step([(sid, backend.get_metadata(sid)) for sid in committed]):
             print(f"{sid}\t{metadata}")
         return 0

@@ -36,3 +36,22 @@ def test_by_step_ties_and_odd_metadata() -> None:
     rows = [("b", {"steps_completed": 2}), ("a", {"steps_completed": 2}),
             ("c", {"steps_completed": True}), ("d", {"steps_completed": 1.5}), ("e", {})]
     assert [sid for sid, _ in by_step(rows)] == ["c", "e", "d", "a", "b"]
+
+
+def test_list_of_nothing_says_so_and_fails(tmp_path: pathlib.Path) -> None:
+    """Was: no output and exit 0, the same as a listing a script could trust."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".partial-abc").mkdir()  # an interrupted save is not a checkpoint
+    for path, status, said in [
+        (tmp_path / "empty", 1, "no committed checkpoints in "),
+        (tmp_path / "typo", 2, "typo: no such directory"),
+    ]:
+        r = subprocess.run([sys.executable, "-m", "determined_launch.cli", "checkpoints", "list",
+                            str(path)], capture_output=True, text=True, env=base_env(),
+                           timeout=60)
+        assert (r.returncode, r.stdout) == (status, ""), r.stderr
+        assert r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
+    assert "1 leftover(s) of interrupted saves" in subprocess.run(
+        [sys.executable, "-m", "determined_launch.cli", "checkpoints", "list",
+         str(tmp_path / "empty")], capture_output=True, text=True, env=base_env(),
+        timeout=60).stderr
