@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import base_env
 
 CLI = [sys.executable, "-m", "determined_launch"]
@@ -120,3 +122,23 @@ def test_launcher_words_typos_and_misplaced_options_are_one_line() -> None:
     # a launcher flag that torchrun has too stays torchrun's
     r = run("--dry-run", "torch", "--max-restarts", "3", "--", "x.py")
     assert r.returncode == 0 and "--max-restarts 3" in r.stdout, r.stderr
+
+
+def test_experiment_status_takes_a_name_or_id(tmp_path: pathlib.Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``det-launch experiment --status NAME`` finds it in the experiments root (was:
+    "not an experiment directory" unless given the directory)."""
+    from determined_launch.errors import LaunchError
+    from determined_launch.experiment.cli import status_dir
+
+    exp = tmp_path / "root" / "mnist-search"
+    exp.mkdir(parents=True)
+    (exp / "experiment.json").write_text("{}")
+    monkeypatch.setenv("DET_EXPERIMENTS_DIR", str(tmp_path / "root"))
+    monkeypatch.chdir(tmp_path)
+    assert status_dir("mnist-search") == exp
+    assert status_dir("1") == exp  # the root's first id
+    assert status_dir(str(exp)) == exp
+    with pytest.raises(LaunchError, match="--status nope: not an experiment directory, and no "
+                                          "experiment 'nope' in "):
+        status_dir("nope")

@@ -3,7 +3,7 @@
     det-launch experiment CONFIG.yaml [OPTIONS] {torch,horovod,deepspeed,exec} [OVERRIDES --] SCRIPT
     det-launch experiment CONFIG.yaml [OPTIONS]          (runs the config's entrypoint)
     det-launch experiment CONFIG.yaml --worker [OPTIONS] ... (one trial at a time, shared study)
-    det-launch experiment --status DIR
+    det-launch experiment --status DIR|NAME|ID
 
 OPTIONS are the launcher's (they apply to every trial) plus the experiment's
 own, declared in ``OPTIONS`` below with their environment variables.
@@ -47,15 +47,16 @@ def parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="det-launch experiment",
                 usage="det-launch experiment CONFIG.yaml [OPTIONS] "
                       "[{torch,horovod,deepspeed,exec} [OVERRIDES... --] SCRIPT...]\n"
-                      "       det-launch experiment --status DIR",
+                      "       det-launch experiment --status DIR|NAME|ID",
                 description="Determined's hyperparameter search (hyperparameters + searcher "
                             "blocks) on Optuna; each trial is a launcher job.")
     p.add_argument("--detector", help="use only this detector")
     p.add_argument("--disable-detector", action="append", default=[], metavar="NAME")
     config.add_flags(p)
     config.add_flags(p, OPTIONS)
-    p.add_argument("--status", metavar="DIR", help="print the table and best trial of the "
-                   "experiment in DIR, then exit")
+    p.add_argument("--status", metavar="DIR|NAME|ID", help="print the table and best trial "
+                   "of the experiment in DIR, or of that name or id in the experiments root "
+                   "(DET_EXPERIMENTS_DIR, default ./det_experiments), then exit")
     p.add_argument("config_path", nargs="?", metavar="CONFIG.yaml",
                    help="Determined experiment config (YAML)")
     return p
@@ -86,6 +87,22 @@ def resolve(ns: argparse.Namespace) -> dict[str, Any]:
     return config.resolve(os.environ, flags, OPTIONS)
 
 
+def status_dir(ref: str) -> pathlib.Path:
+    """``--status``'s directory: REF itself, else the experiment of that name or id
+    in the experiments root (``DET_EXPERIMENTS_DIR``, ``./det_experiments``)."""
+    path = pathlib.Path(ref)
+    if (path / "experiment.json").is_file():
+        return path
+    from determined_launch.experiment.root import LookupFailed, Root, root_dir
+
+    try:
+        return Root(root_dir()).experiment(ref).dir
+    except LookupFailed as e:
+        if path.is_dir():
+            return path  # status() names what this directory lacks
+        raise LaunchError(f"--status {ref}: not an experiment directory, and {e}") from None
+
+
 def main(argv: Sequence[str]) -> int:
     p = parser()
     ours, command = split_argv(p, argv)
@@ -97,7 +114,7 @@ def main(argv: Sequence[str]) -> int:
         if ns.status:
             from determined_launch.experiment.run import status
 
-            return status(pathlib.Path(ns.status), resolve(ns)["study_storage"])
+            return status(status_dir(ns.status), resolve(ns)["study_storage"])
         if not ns.config_path:
             raise LaunchError("no experiment config given (det-launch experiment CONFIG.yaml "
                               "...)")
