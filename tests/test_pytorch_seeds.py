@@ -192,3 +192,15 @@ def test_load_checkpoint_trial_by_the_roots_trial_id(tmp_path: Path,
         assert torch.equal(loaded.model.weight, trained.model.weight)
         with pytest.raises(ValueError, match=f"trial_id={trial_id + 1}"):
             job.load_checkpoint_trial(SeedTrial, trial_id=trial_id + 1)
+
+
+def test_det_launch_config_hands_its_path_to_the_workers(tmp_path: Path) -> None:
+    """So that a worker's ctx.config_data reads `det-launch --config`'s data block."""
+    (tmp_path / "job.yaml").write_text("data:\n  trial_id: 777\n")
+    code = "import os; print('CONFIG', os.environ.get('DET_LAUNCH_CONFIG'))"
+    out = subprocess.run(
+        [sys.executable, "-m", "determined_launch.cli", "--config", "job.yaml", "exec", "--",
+         sys.executable, "-c", code], cwd=tmp_path, env=base_env(), capture_output=True,
+        text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert f"CONFIG {tmp_path / 'job.yaml'}" in out.stdout, out.stdout
