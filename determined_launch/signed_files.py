@@ -124,8 +124,8 @@ class SignedDir:
         except OSError as e:  # ELOOP/ENOTDIR: a link or a file where the directory belongs
             self.tell(CLAIMS_DIR, f"not a directory ({e.strerror})")
             return None
-        try:
-            os.mkdir(CLAIMS_DIR, dir_fd=self.run_fd)
+        try:  # never writable by others, whatever the umask (the next start would refuse it)
+            os.mkdir(CLAIMS_DIR, 0o775, dir_fd=self.run_fd)
         except FileExistsError:
             pass
         try:
