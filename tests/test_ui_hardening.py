@@ -347,7 +347,9 @@ def test_at_the_descriptor_limit_the_server_answers_and_does_not_spin(
 
 
 def test_a_300_character_key_does_not_stop_the_mirror(
-        s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: pathlib.Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """And a tampered bucket's experiment.json naming an SQLite file elsewhere
+    creates nothing (§3)."""
     from determined_launch.ui.remote import Mirror
 
     for var, value in {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ACCESS_KEY_ID": "testing",
@@ -360,6 +362,13 @@ def test_a_300_character_key_does_not_stop_the_mirror(
     long_run = "r" * 300
     for run in ("a-before", long_run, "z-after"):
         s3.put_object(Bucket=bucket, Key=f"p/runs/{run}/training.jsonl", Body=line)
+    exp = make_experiment(tmp_path, "ex")
+    victim = tmp_path / "victim.db"
+    record = {**json.loads((exp / "experiment.json").read_text()), "storage": f"sqlite:///{victim}"}
+    s3.put_object(Bucket=bucket, Key="p/experiments/ex/study.journal",
+                  Body=(exp / "study.journal").read_bytes())
+    s3.put_object(Bucket=bucket, Key="p/experiments/ex/experiment.json",
+                  Body=json.dumps(record).encode())
     mirror = Mirror(f"s3://{bucket}/p")
     try:
         mirror.first_sync()
@@ -369,5 +378,37 @@ def test_a_300_character_key_does_not_stop_the_mirror(
         s3.put_object(Bucket=bucket, Key="p/runs/z-after/training.jsonl", Body=line * 2)
         mirror.sync()
         assert (mirror.local / "runs" / "z-after" / "training.jsonl").read_bytes() == line * 2
+        [shown] = Api([str(mirror.local)]).experiments()
+        assert shown["num_trials"] == 0 and "served directories" in shown["error"]
+        assert not victim.exists()
     finally:
         mirror.close()
+
+
+def test_a_trackers_error_text_is_printed_escaped_and_redacted(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The MLflow warning line (core/trackers): the tracker server's text is
+    outside text; its escapes never reach the operator's terminal."""
+    import logging
+
+    from determined_launch.core import trackers
+
+    class Hostile:
+        name = "mlflow"
+
+        def start(self, resume_id: Any) -> str:
+            raise RuntimeError("\x1b]0;pwned\x07\x1b[2J API error token=hunter2")
+
+        def log(self, records: Any) -> None: ...
+
+        def tag(self, tags: Any) -> None: ...
+
+        def finish(self, state: str) -> None: ...
+
+    state = trackers._State(tmp_path / "t.json", resuming=False)
+    with caplog.at_level(logging.WARNING, logger="determined_launch.core"):
+        sink = trackers.Sink(Hostile(), None, {}, state)
+        sink.close("completed", time.monotonic() + 5)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "pwned" in text and "\x1b" not in text and "\x07" not in text
+    assert "hunter2" not in text
