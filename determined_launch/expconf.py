@@ -4,7 +4,8 @@ determined_launch.pytorch --config``), so a file is checked the same way
 whichever reads it. Pure (standard library, PyYAML when reading YAML).
 
 Only what a search needs is interpreted: ``hyperparameters``, ``searcher``,
-``entrypoint`` (or seed 000's ``entrypoint_script``), ``resources.slots_per_trial``,
+``entrypoint`` (or seed 000's ``entrypoint_script``, after its ``launch_layer`` if any),
+``resources.slots_per_trial``,
 ``max_restarts``, ``checkpoint_storage`` (passed through to the trials untouched), ``name`` and
 ``reproducibility.experiment_seed``. Fields that only mean something to
 Determined's master (``environment``, ``bind_mounts``, ...) are accepted and
@@ -22,7 +23,7 @@ import difflib
 import json
 import pathlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
 from determined_launch import hparams as hp
@@ -35,7 +36,13 @@ UNITS = ("batches", "records", "epochs")
 
 #: Top-level fields this layer interprets.
 _USED = {"name", "hyperparameters", "searcher", "entrypoint", "resources", "max_restarts",
-         "checkpoint_storage", "reproducibility", "entrypoint_script"}
+         "checkpoint_storage", "reproducibility", "entrypoint_script", "launch_layer"}
+#: Determined-only fields a config written for a cluster usually has, each with why
+#: it is not needed here (one line each, instead of a place in the ignored list)
+NOT_NEEDED = {
+    "bind_mounts": "not needed off-cluster: trials run on this machine's file system "
+                   "(checkpoints go to checkpoint_storage, default the run directory)",
+}
 #: Top-level fields that only Determined's master or its containers use.
 _IGNORED = {"description", "labels", "data", "environment", "bind_mounts", "checkpoint_policy",
             "min_validation_period", "min_checkpoint_period", "records_per_epoch",
@@ -178,7 +185,7 @@ def parse(raw: Mapping[str, Any], path: pathlib.Path, *, trial: bool = False) ->
                           "(it names the experiment's directory and study)")
     return ExperimentConfig(
         path=path, name=name, space=space, searcher=searcher,
-        entrypoint=_entrypoint(_entrypoint_field(raw, where), where),
+        entrypoint=_launch_layer(raw, _entrypoint(_entrypoint_field(raw, where), where), where),
         slots_per_trial=slots,
         max_restarts=_int(raw.get("max_restarts", 5), f"{where}: max_restarts", minimum=0),
         checkpoint_storage=raw.get("checkpoint_storage"),
@@ -277,7 +284,31 @@ def _entrypoint_field(raw: Mapping[str, Any], where: str) -> Any:
     return raw.get("entrypoint", raw.get("entrypoint_script"))
 
 
-def _entrypoint(raw: Any, where: str) -> Optional[tuple[str, ...]]:
+def ignored_lines(fields: Sequence[str]) -> list[str]:
+    """What to say about the Determined-only fields a run ignores: one line for each
+    field of ``NOT_NEEDED``, then one naming the rest."""
+    lines = [f"{f}: {NOT_NEEDED[f]}" for f in fields if f in NOT_NEEDED]
+    rest = [f for f in fields if f not in NOT_NEEDED]
+    if rest:
+        lines.append(f"ignoring Determined-only fields: {', '.join(rest)}")
+    return lines
+
+
+def _launch_layer(raw: Mapping[str, Any], entrypoint: Optional[tuple[str, ...]],
+                  where: str) -> Optional[tuple[str, ...]]:
+    """Seed 000's ``launch_layer``: a launcher command put in front of the
+    entrypoint (``python3 -m determined.launch.torch_distributed`` +
+    ``python3 train.py``), which then runs as Determined's entrypoint would."""
+    layer = _entrypoint(raw.get("launch_layer"), where, "launch_layer")
+    if layer is None:
+        return entrypoint
+    if entrypoint is None:
+        raise ConfigError(f"{where}: launch_layer: needs an entrypoint_script (or entrypoint) "
+                          "to launch")
+    return layer + entrypoint
+
+
+def _entrypoint(raw: Any, where: str, field: str = "entrypoint") -> Optional[tuple[str, ...]]:
     """A string (split like a shell would) or a list of strings."""
     if raw is None:
         return None
@@ -287,11 +318,11 @@ def _entrypoint(raw: Any, where: str) -> Optional[tuple[str, ...]]:
         try:
             words = shlex.split(raw)
         except ValueError as e:
-            raise ConfigError(f"{where}: entrypoint: {e}") from None
+            raise ConfigError(f"{where}: {field}: {e}") from None
     elif isinstance(raw, list) and all(isinstance(w, str) for w in raw):
         words = list(raw)
     else:
-        raise ConfigError(f"{where}: entrypoint: expected a string or a list of strings")
+        raise ConfigError(f"{where}: {field}: expected a string or a list of strings")
     if not words:
-        raise ConfigError(f"{where}: entrypoint: empty")
+        raise ConfigError(f"{where}: {field}: empty")
     return tuple(words)

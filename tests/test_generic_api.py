@@ -177,3 +177,31 @@ def test_a_single_run_is_preempted_and_resumes_from_latest_checkpoint(
     per_epoch = 2048 // 4
     steps = [r["steps_completed"] for r in read_jsonl(validation)]
     assert steps == [per_epoch * (i + 1) for i in range(4)]
+
+
+def test_launch_layer_goes_in_front_of_the_entrypoint_script(tmp_path: pathlib.Path) -> None:
+    """Seed 000's distributed config (``launch_layer:`` + ``entrypoint_script:``) runs the
+    script under our torch launcher; its ``bind_mounts`` gets one line saying why it is
+    not needed (was: ``unknown field(s) launch_layer``)."""
+    from determined_launch import expconf
+    from determined_launch.experiment.command import entrypoint_command
+
+    path = tmp_path / "my_config.yaml"
+    seed = {"launch_layer": "python3 -m determined.launch.torch_distributed",
+            "entrypoint_script": "python3 train.py --epochs 2",
+            "searcher": {"name": "single", "metric": "x", "max_length": {"epochs": 1}},
+            "bind_mounts": [{"host_path": "/my/path", "container_path": "./checkpoint_dir"}],
+            "environment": {"image": "x"}}
+    conf = expconf.parse(seed, path)
+    assert conf.entrypoint == ("python3", "-m", "determined.launch.torch_distributed",
+                               "python3", "train.py", "--epochs", "2")
+    sub, args = entrypoint_command(conf.entrypoint, str(path))
+    assert (sub, args[1:]) == ("torch", ["train.py", "--epochs", "2"])
+    lines = expconf.ignored_lines(conf.ignored)
+    assert lines[0].startswith("bind_mounts: not needed off-cluster")
+    assert lines[1:] == ["ignoring Determined-only fields: environment"]
+    with pytest.raises(expconf.ConfigError, match="launch_layer: needs an entrypoint_script"):
+        expconf.parse({"launch_layer": "python3 -m determined.launch.horovod"}, path,
+                      trial=True)
+    with pytest.raises(expconf.ConfigError, match="launch_layer: expected a string or a list"):
+        expconf.parse({**seed, "launch_layer": 3}, path)

@@ -10,9 +10,10 @@ from determined_launch.expconf import (
     ConfigError,
     ExperimentConfig,
     SearcherConfig,
+    ignored_lines,
     load,
     parse,
 )
 
 __all__ = ["ASHA_MODES", "SEARCHERS", "UNITS", "ConfigError", "ExperimentConfig",
-           "SearcherConfig", "load", "parse"]
+           "SearcherConfig", "ignored_lines", "load", "parse"]

@@ -152,9 +152,8 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     exp_dir = private_dir(exp_dir.absolute())
     os.environ[exproot.ENV] = str(exp_dir.parent)  # the trials' root: trial ids resolve there
     ignored = unused_fields(conf.ignored, args)
-    if ignored and not node:
-        print(f"det-launch experiment: ignoring Determined-only fields: "
-              f"{', '.join(ignored)}", file=sys.stderr)
+    for line in expconf.ignored_lines(ignored) if not node else ():
+        print(f"det-launch experiment: {line}", file=sys.stderr)
     for var in trial_identity_env():
         os.environ.pop(var, None)  # each trial's identity comes from its cluster info file
     secret, port = "", 0  # the group's channel, for trials across nodes
