@@ -5,12 +5,17 @@ the launcher prints and the run directory's record."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from determined_launch.core import _progress
 from determined_launch.supervisor import watchdog as wd
 from determined_launch.supervisor.stragglers import RUN, Change, StragglerRule
+from tests.conftest import WORKERS, Launch, base_env
 
 
 def feed(rule: StragglerRule, windows: int, slow: float, steps: int = 10,
@@ -84,3 +89,22 @@ def test_the_watchdog_reads_two_real_beacons_and_says_who_straggles(tmp_path: Pa
     assert [(r["rank"], r["node"], r["host"], r["straggler"], r["time"]) for r in records] == [
         (1, 0, "h0", True, 1.5), (1, 0, "h0", False, 2.5)]
     wd.record_straggler(str(tmp_path / "missing"), c, 0, "h0", 1.0)  # lost, never raised
+
+
+@pytest.mark.slow
+def test_a_slow_rank_is_named_once_and_recorded(tmp_path: Path, launches: list[Launch]) -> None:
+    # 3 ranks without torch; rank 1 is 4x slower for 400 of 2000 steps (~3 s), then recovers
+    run_dir = tmp_path / "run"
+    launch = Launch([sys.executable, str(WORKERS / "straggler_worker.py"), "launcher"],
+                    base_env(DET_RUN_DIR=str(run_dir), DET_LAUNCH_SLOTS="3"))
+    launches.append(launch)
+    assert launch.wait(90) == 0, launch.stderr
+    lines = [s for s in launch.stderr.splitlines() if "straggler" in s]
+    assert len(lines) == 2, launch.stderr
+    assert re.fullmatch(r"det-launch: rank 1 on node 0 \(\S+\) is a straggler: its steps take "
+                        r"\S+ s, \S+x its peers' median \S+ s, for 50 steps in a row", lines[0])
+    assert re.match(r"det-launch: rank 1 on node 0 \(\S+\) is no longer a straggler", lines[1])
+    records = [json.loads(s) for s in (run_dir / wd.STRAGGLERS_STREAM).read_text().splitlines()]
+    assert [(r["rank"], r["node"], r["straggler"]) for r in records] == [
+        (1, 0, True), (1, 0, False)]
+    assert launch.leftovers() == []
