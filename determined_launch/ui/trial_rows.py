@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, Optional
 
+from determined_launch.common.redact import printable
 from determined_launch.experiment.root import trial_id_of
 from determined_launch.ui import shape
 from determined_launch.ui.runs import RunReader
@@ -112,8 +113,8 @@ class TrialRows:
             try:
                 columns = self._file_columns(entry.row["path"])
             except Exception as e:  # noqa: BLE001 (one unreadable trial leaves a gap, not a dead thread)
-                print(f"det-launch ui: {entry.row['path']}: {type(e).__name__}: {e}",
-                      file=sys.stderr, flush=True)
+                print(f"det-launch ui: {printable(entry.row['path'])}: {type(e).__name__}: "
+                      f"{printable(e)}", file=sys.stderr, flush=True)
                 continue
             entry.row = shape.finite({**entry.row, **columns})
 
