@@ -11,7 +11,8 @@ into a temporary directory (never into this repository), only their imports are
 changed (``determined`` -> ``determined_launch``), and pytest runs them there with
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (Determined's own files need it). With
 ``--secret`` a random ``DET_DIST_SECRET`` is set: the multi-node reducer tests
-need one here. The exit status is pytest's. docs/pytorch.md records the count.
+need one here. The exit status is pytest's (2 for a bad argument).
+docs/pytorch.md records the count.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def prepare(checkout: pathlib.Path, ref: str, root: pathlib.Path) -> pathlib.Pat
     elif (checkout / "HEAD").is_file() or (checkout / ".git").exists():
         _copy_from_git(checkout / ".git" if (checkout / ".git").exists() else checkout, ref, dest)
     else:
-        sys.exit(f"{checkout}: neither a determined checkout (harness/tests) nor a git directory")
+        raise ValueError(f"{checkout}: neither a determined checkout (harness/tests) "
+                         "nor a git directory")
     for path in dest.rglob("*.py"):
         if path.is_symlink():  # links to examples/ outside harness/: left as they are
             continue
@@ -115,9 +117,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="det-pytorch-tests-") as tmp:
         root = args.keep or pathlib.Path(tmp)
         if args.keep and (root / "tests").exists():
-            sys.exit(f"--keep {root}: {root / 'tests'} exists already")
+            parser.error(f"--keep {root}: {root / 'tests'} exists already")
         root.mkdir(parents=True, exist_ok=True)
-        tests = prepare(args.checkout.resolve(), args.ref, root)
+        try:
+            tests = prepare(args.checkout.resolve(), args.ref, root)
+        except ValueError as e:
+            parser.error(str(e))
+        except subprocess.CalledProcessError:
+            parser.error(f"{args.checkout}: git archive {args.ref} failed (see above)")
         env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
         env.pop("DET_DIST_SECRET", None)
         if args.secret:
