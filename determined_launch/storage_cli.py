@@ -31,12 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="det-launch checkpoints",
                 description="List committed checkpoints, or find and remove what "
                             "interrupted saves left behind.")
-    sub = p.add_subparsers(dest="action", required=True)
+    sub = p.add_subparsers(dest="action", required=True, metavar="{list,gc}")
     ls = sub.add_parser("list", help="committed checkpoints with their metadata, by "
                                      "steps_completed (newest last)")
-    ls.add_argument("storage", help="directory, URL or YAML file with a checkpoint_storage block")
+    ls.add_argument("storage", metavar="STORAGE", help="directory, URL or YAML file with a checkpoint_storage block")
     gc = sub.add_parser("gc", help="report leftovers of interrupted saves")
-    gc.add_argument("storage", help="directory, URL or YAML file with a checkpoint_storage block")
+    gc.add_argument("storage", metavar="STORAGE", help="directory, URL or YAML file with a checkpoint_storage block")
     gc.add_argument("--remove", action="store_true",
                     help="delete the leftovers (never while a job is saving to this storage)")
     return p
