@@ -23,6 +23,7 @@ from typing import Any
 from determined_launch.core.storage import open_storage, parse_storage
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 
+WHAT = "directory, URL or YAML file with a checkpoint_storage block"
 #: ``list`` found no committed checkpoint
 EXIT_NONE = 1
 
@@ -34,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,gc}")
     ls = sub.add_parser("list", help="committed checkpoints with their metadata, by "
                                      "steps_completed (newest last)")
-    ls.add_argument("storage", metavar="STORAGE", help="directory, URL or YAML file with a checkpoint_storage block")
+    ls.add_argument("storage", metavar="STORAGE", help=WHAT)
     gc = sub.add_parser("gc", help="report leftovers of interrupted saves")
-    gc.add_argument("storage", metavar="STORAGE", help="directory, URL or YAML file with a checkpoint_storage block")
+    gc.add_argument("storage", metavar="STORAGE", help=WHAT)
     gc.add_argument("--remove", action="store_true",
                     help="delete the leftovers (never while a job is saving to this storage)")
     return p
