@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from determined_launch.errors import EXIT_PREEMPTED
 from determined_launch.experiment import report
+from determined_launch.experiment.owners import ATTR_SLOT
 from determined_launch.experiment.root import Experiment, trial_id_of
 from determined_launch.ui.study import Studies, StudyError
 
@@ -184,6 +185,8 @@ def view(exp: Experiment, studies: Optional[Studies] = None) -> View:
         raw, error = [], str(e)
     trials = []
     for t in raw:
+        if t.state.name == "RUNNING" and ATTR_SLOT not in t.user_attrs:
+            continue  # being asked: its id is not written yet (a trial starts with its slot)
         tid = trial_id_of(t)
         d = exp.dir / "trials" / str(tid)
         trials.append(Trial(
