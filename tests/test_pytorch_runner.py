@@ -27,7 +27,7 @@ DEFAULT_FIT = {
     "checkpoint_period": NEVER,
     "validation_period": NEVER,
     "reporting_period": Batch(100),
-    "checkpoint_policy": "best",
+    "checkpoint_policy": None,  # fit()'s default, "best", without its local-mode warning
     "latest_checkpoint": "latest",
     "step_zero_validation": False,
     "test_mode": False,

@@ -263,8 +263,8 @@ def plan_run(
         plan.fit_kwargs = {"max_length": Batch(1), "test_mode": True}
         return plan
 
-    policy = cfg.get("checkpoint_policy", "best")
-    if policy not in ("best", "all", "none"):
+    policy = cfg.get("checkpoint_policy")  # None: fit()'s default, "best", without its warning
+    if policy not in (None, "best", "all", "none"):
         raise RunnerError(
             f"config key 'checkpoint_policy' must be best, all or none, got {policy!r}"
         )
