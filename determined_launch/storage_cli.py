@@ -5,7 +5,7 @@
 
 STORAGE is anything ``core.init(checkpoint_storage=...)`` accepts: a
 directory, a URL (s3://, gs://, az://, file://) or a YAML file with a
-``checkpoint_storage`` block. ``list`` prints ``<storage id>\t<metadata>``
+``checkpoint_storage`` block. ``list`` prints ``<storage id>\t<metadata JSON>``
 per committed checkpoint, by the metadata's ``steps_completed`` (newest
 last); with none it says so on stderr and exits 1 (2: no such directory).
 ``gc`` reports what interrupted saves left (files without a commit marker)
@@ -15,6 +15,7 @@ and removes them only with ``--remove``; committed checkpoints are never touched
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -86,7 +87,8 @@ def main(argv: Sequence[str]) -> int:
         if not committed:
             return _none_listed(backend.url, leftovers)
         for sid, metadata in by_step([(sid, backend.get_metadata(sid)) for sid in committed]):
-            print(f"{sid}\t{metadata}")
+            # JSON: a script can parse it, and control characters in the file come out escaped
+            print(f"{sid}\t{json.dumps(metadata, sort_keys=True, default=str)}")
         return 0
     print(f"{backend.url}: {len(committed)} committed checkpoint(s), "
           f"{len(leftovers)} leftover(s) of interrupted saves")

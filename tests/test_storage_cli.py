@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def test_list_orders_by_steps_completed(tmp_path: pathlib.Path) -> None:
                          cwd=REPO, timeout=60, check=True)
     listed = [line.split("\t")[0] for line in out.stdout.splitlines()]
     assert listed == [unnumbered] + sorted(ids, key=ids.__getitem__), out.stdout
+    assert json.loads(out.stdout.splitlines()[-1].split("\t")[1]) == {"steps_completed": 200}
 
 
 def test_by_step_ties_and_odd_metadata() -> None:
