@@ -85,23 +85,46 @@ def overdue(beats: Mapping[int, Beat], now: float, timeout: float,
     return sorted(r for r, b in beats.items() if r not in done and now - b.time >= timeout)
 
 
-def innermost(stack: str) -> Optional[tuple[str, int, str]]:
-    """(file, line, function) of the main thread's innermost frame in one
-    faulthandler dump (the main thread is its last block; frames are listed
-    most recent first)."""
+Frame = tuple[str, int, str]  # file, line, function
+
+
+def frames(stack: str) -> list[Frame]:
+    """The main thread's frames in one faulthandler dump, innermost first (the
+    main thread is the dump's last block)."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack.strip())
+    out = []
     for line in blocks[-1].splitlines():
         m = _FRAME.match(line)
         if m:
-            return m["file"], int(m["line"]), m["fn"]
-    return None
+            out.append((m["file"], int(m["line"]), m["fn"]))
+    return out
 
 
-def waiting(frame: Optional[tuple[str, int, str]]) -> bool:
+def innermost(stack: str) -> Optional[Frame]:
+    found = frames(stack)
+    return found[0] if found else None
+
+
+def where(stack: str) -> str:
+    """Where a rank waits: its innermost frame, and the program's own frame
+    that called into the collective ("in allgather (context.py:88) from total
+    (train.py:40)")."""
+    found = frames(stack)
+    if not found:
+        return "somewhere: no Python stack came back"
+    text = describe_frame(found[0])
+    if waiting(found[0]):
+        caller = next((f for f in found if not waiting(f)), None)
+        if caller is not None:
+            text += f" from {caller[2]} ({os.path.basename(caller[0])}:{caller[1]})"
+    return text
+
+
+def waiting(frame: Optional[Frame]) -> bool:
     return frame is not None and any(p in frame[0] for p in _COLLECTIVE_PATHS)
 
 
-def describe_frame(frame: Optional[tuple[str, int, str]]) -> str:
+def describe_frame(frame: Optional[Frame]) -> str:
     if frame is None:
         return "no Python stack came back"
     return f"in {frame[2]} ({os.path.basename(frame[0])}:{frame[1]})"
@@ -134,7 +157,7 @@ class Hang:
 
 
 def choose(silent: Mapping[int, float], stops: Collection[int],
-           frames: Mapping[int, Optional[tuple[str, int, str]]], timeout: float
+           frames: Mapping[int, Optional[Frame]], timeout: float
            ) -> Optional[int]:
     """The hung rank among those ``silent`` (seconds) past ``timeout`` (pure):
     a stopped one, else one not waiting in a collective, else (past the wait
@@ -188,8 +211,8 @@ class Watchdog:
         silent = {r: wall - beats[r].time - envvars.PROGRESS_PERIOD for r in late}
         stops = {r for r in late if stopped(beats[r].pid)}
         stacks = self._dump({r: b for r, b in beats.items() if r not in stops})
-        frames = {r: innermost(s) for r, s in stacks.items()}
-        rank = choose(silent, stops, frames, self.timeout or 0.0)
+        rank = choose(silent, stops, {r: innermost(s) for r, s in stacks.items()},
+                      self.timeout or 0.0)
         if rank is None:
             return None
         lines = []
@@ -200,9 +223,8 @@ class Watchdog:
             lines.extend("  " + line for line in stacks[rank].strip().splitlines())
         for other in sorted(beats):  # the node's other ranks, where each waits
             if other != rank:
-                where = ("is stopped" if other in stops
-                         else f"waits {describe_frame(frames.get(other))}")
-                lines.append(f"rank {other} {where}")
+                state = "is stopped" if other in stops else f"waits {where(stacks.get(other, ''))}"
+                lines.append(f"rank {other} {state}")
         return Hang(rank, silent[rank], tuple(lines))
 
     def _dump(self, beats: Mapping[int, Beat]) -> dict[int, str]:

@@ -3,11 +3,16 @@ with one Core API poll per step (its progress), where rank HANG_RANK hangs
 at step HANG_AT the first time (HANG_MARKER remembers it): HANG=sleep sleeps
 inside ``train_batch``, HANG=stop stops itself with SIGSTOP. The chief
 prints ``final w=<repr>``.
+
+Under torchrun its collectives are gloo's (restart_worker.py); ``python
+hang_worker.py launcher`` starts one worker per slot (det.launch_per_slot) whose
+collectives are our DistributedContext's, without torch.
 """
 
 import os
 import pathlib
 import signal
+import sys
 import time
 from typing import Callable
 
@@ -34,8 +39,18 @@ def train_batch(w: float, step: int, rank: int, total: Callable[[float], float])
     return update(w, step, total(sample(step, rank)))
 
 
+def per_slot() -> tuple[int, det.core.DistributedContext, Callable[[float], float],
+                        Callable[[], None]]:
+    dist = det.core.DistributedContext.from_env()
+
+    def total(x: float) -> float:
+        return sum(dist.allgather(x))
+
+    return dist.rank, dist, total, lambda: None
+
+
 def main() -> None:
-    rank, distributed, total, barrier = collectives()
+    rank, distributed, total, barrier = per_slot() if sys.argv[1:] == ["worker"] else collectives()
     info = det.get_cluster_info()
     assert info is not None  # under a launcher
     with det.core.init(distributed=distributed) as ctx:
@@ -54,4 +69,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["launcher"]:
+        sys.exit(det.launch_per_slot(lambda rank, local_rank: [sys.executable, __file__, "worker"]))
     main()
