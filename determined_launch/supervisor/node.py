@@ -314,20 +314,11 @@ class Supervisor:
         return []
 
     def _progress_events(self) -> list[v.Event]:
-        """``--hang-timeout`` and stragglers (``watchdog``): lines to print, a hang to report."""
-        wall = time.time()
-        hang, changes = self.watchdog.poll(time.monotonic(), wall, self.verdict.finished_ranks)
-        node, host = self.verdict.s.me, self.verdict.s.host
-        for change in changes:
-            logger.warning("det-launch: %s", watchdog.straggler_line(change, node, host))
-            run_dir = self.plan.env.get(envvars.RUN_DIR) or os.environ.get(envvars.RUN_DIR)
-            watchdog.record_straggler(run_dir, change, node, host, wall)
-        if hang is None:
-            return []
-        text = [f"rank {hang.rank} on node {node} ({host}) hung: no progress for "
-                f"{hang.silent:.0f} s", *hang.lines]
-        print("\n".join(f"det-launch: {line}" for line in text), file=sys.stderr, flush=True)
-        return [v.RankHung(hang.rank, hang.silent)]
+        """``--hang-timeout`` and stragglers (``watchdog``): said here, a hang for the verdict."""
+        run_dir = self.plan.env.get(envvars.RUN_DIR) or os.environ.get(envvars.RUN_DIR)
+        hang = self.watchdog.check(self.verdict.finished_ranks, self.verdict.s.me,
+                                   self.verdict.s.host, run_dir)
+        return [] if hang is None else [v.RankHung(hang.rank, hang.silent)]
 
     def _drain_signals(self) -> Iterable[int]:
         while self.signals:

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Collection, Mapping
 from typing import Optional
@@ -195,6 +196,22 @@ class Watchdog:
         if not late:
             return None, changes
         return self._judge(beats, late, wall), changes
+
+    def check(self, done: Collection[int], node: int, host: str, run_dir: Optional[str]
+              ) -> Optional[Hang]:
+        """``poll`` now, saying what it found on stderr (and stragglers in ``run_dir``)."""
+        wall = time.time()
+        hang, changes = self.poll(time.monotonic(), wall, done)
+        lines = []
+        for change in changes:
+            lines.append(straggler_line(change, node, host))
+            record_straggler(run_dir, change, node, host, wall)
+        if hang is not None:
+            lines += [f"rank {hang.rank} on node {node} ({host}) hung: no progress for "
+                      f"{hang.silent:.0f} s", *hang.lines]
+        if lines:
+            print("\n".join(f"det-launch: {line}" for line in lines), file=sys.stderr, flush=True)
+        return hang
 
     def _window(self, beats: Mapping[int, Beat]) -> dict[int, tuple[int, float]]:
         out: dict[int, tuple[int, float]] = {}
