@@ -209,7 +209,14 @@ class Api:
         return self.catalog.runs().get(name)
 
     def runs(self) -> list[dict[str, Any]]:
-        return [self._run_summary(name, path) for name, path in self.catalog.runs().items()]
+        out = []
+        for name, path in self.catalog.runs().items():
+            try:
+                out.append(self._run_summary(name, path))
+            except Exception as e:  # noqa: BLE001 (one bad run never empties the list)
+                out.append({"name": name, "path": path, "state": "unreadable",
+                            "error": printable(f"{type(e).__name__}: {e}")[:500]})
+        return out
 
     def _run_summary(self, name: str, path: str) -> dict[str, Any]:
         start, last = self.runs_reader.activity(path)
