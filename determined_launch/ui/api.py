@@ -65,8 +65,10 @@ class Api:
         try:
             return self._summary(name, exp_dir)
         except Exception as e:  # noqa: BLE001 (any file's fault is that experiment's)
-            return {"name": name, "state": "unreadable", "path": exp_dir,
-                    "num_trials": 0, "trial_states": {},
+            empty = dict.fromkeys(("searcher", "metric", "best_trial", "start", "end",
+                                   "duration", "max_trials", "searcher_config", "storage"))
+            return {**empty, "name": name, "state": "unreadable", "path": exp_dir,
+                    "smaller_is_better": True, "num_trials": 0, "trial_states": {},
                     "error": shape.redact_text(printable(f"{type(e).__name__}: {e}")[:500])}
 
     def _summary(self, name: str, exp_dir: str) -> dict[str, Any]:

@@ -218,7 +218,8 @@ async function home() {
   if (!e.changed && !r.changed && !page.dirty) return;
   const exps = table(["name", "searcher", "state", "trials", "best", "start", "duration"],
     e.data.map((x) => ({
-      cells: [h("a", {href: `/experiments/${enc(x.name)}`}, x.name), x.searcher, state(x.state),
+      cells: [h("a", {href: `/experiments/${enc(x.name)}`}, x.name), x.searcher,
+        x.error ? h("span", {title: x.error}, state(x.state)) : state(x.state),
         Object.entries(x.trial_states).map(([s, n]) => `${n} ${s}`).join(", ") || "0",
         x.best_trial ? `${x.metric} ${fmt(x.best_trial.value)} (trial ${x.best_trial.trial_id})` : "–",
         when(x.start), dur(x.duration)],
