@@ -62,6 +62,11 @@ def backend_help(backend: str) -> str:
             + (" (python -m reads their environment variables)" if module else "") + ".\n")
 
 
+def subcommand_help(sub: str) -> str:
+    """``backend_help`` by det-launch's subcommand name (``torch``)."""
+    return backend_help(next((b for b, v in BACKENDS.items() if v[0] == sub), sub))
+
+
 def misplaced_option(backend: str, argv: Sequence[str]) -> Optional[str]:
     """A launcher flag among the words before ``--``: one line saying where it
     goes (horovodrun would even take ``--slots`` as ``--slots-per-host``)."""

@@ -75,7 +75,8 @@ def test_help_lists_every_command() -> None:
 def test_subcommand_help_starts_nothing(tmp_path: pathlib.Path) -> None:
     """``det-launch torch --help`` used to launch ``--help`` as the script (exit 127)."""
     for args in (["torch", "--help"], ["exec", "--help"], ["--slots", "2", "horovod", "-h"],
-                 ["deepspeed", "--nnodes", "1", "--help", "--", "x.py"]):
+                 ["deepspeed", "--nnodes", "1", "--help", "--", "x.py"],
+                 ["experiment", "exp.yaml", "torch", "--help"]):  # not --help in every trial
         r = subprocess.run([*CLI, *args], env=base_env(), cwd=tmp_path, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, (args, r.stderr)

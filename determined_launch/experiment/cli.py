@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from determined_launch import config, values
+from determined_launch import config, usage, values
 from determined_launch.config import Option
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.experiment.command import BACKENDS
@@ -118,6 +118,9 @@ def main(argv: Sequence[str]) -> int:
         if not ns.config_path:
             raise LaunchError("no experiment config given (det-launch experiment CONFIG.yaml "
                               "...)")
+        if command and command[0] in BACKENDS and usage.wants_help(command[1:]):
+            print(usage.subcommand_help(command[0]), end="")  # not --help in every trial
+            return 0
         if command and command[0] not in BACKENDS:
             raise LaunchError(f"unknown command {command[0]!r} after the config (expected one "
                               f"of {', '.join(BACKENDS)}, or nothing to run the entrypoint)")
