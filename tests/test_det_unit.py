@@ -245,3 +245,12 @@ def test_the_slurm_array_script_and_the_k8s_job(tmp_path: pathlib.Path) -> None:
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 3
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][-3:] == ["--worker", "--experiment-dir", str(exp)]
+
+
+def test_det_launch_ui_and_experiment_default_to_the_same_root(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from determined_launch.ui.cli import _paths
+
+    monkeypatch.setenv(exproot.ENV, str(tmp_path))
+    assert _paths([], [])[0] == str(tmp_path)
+    assert exproot.root_dir() == tmp_path  # det-launch experiment's default <root>/<name>
