@@ -103,8 +103,13 @@ class Root:
 
     @classmethod
     def of(cls, exp_dir: pathlib.Path) -> Root:
-        """The root an experiment directory belongs to: its parent."""
-        return cls(pathlib.Path(exp_dir).absolute().parent)
+        """The root an experiment directory belongs to: its parent (the directory
+        itself when the parent is not writable: its ids are then its own)."""
+        exp_dir = pathlib.Path(exp_dir).absolute()
+        parent = exp_dir.parent
+        if (parent / REGISTRY).is_dir() or os.access(parent, os.W_OK | os.X_OK):
+            return cls(parent)
+        return cls(exp_dir)
 
     # -- allocation ----------------------------------------------------------------
 
