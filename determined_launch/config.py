@@ -97,6 +97,11 @@ OPTIONS: tuple[Option, ...] = (
            "DistributedContext transport"),
     Option("alert_webhook", envvars.ALERT_WEBHOOK, None, values.http_url, None,
            "core_context.alert() also POSTs each alert to this URL"),
+    # Read by every rank's core.init (core/storage/); the launcher checks it before any
+    # worker starts and hands the flag to the workers.
+    Option("checkpoint_storage", envvars.CHECKPOINT_STORAGE, "--checkpoint-storage", str, None,
+           "where checkpoints go: a directory, a URL (s3://, gs://, az://) or a YAML file with "
+           "a checkpoint_storage block; checked before any worker starts", metavar="STORAGE"),
     # Read by the chief's core.init (core/trackers/); the launcher hands the flag to workers.
     Option("report_to", envvars.REPORT_TO, "--report-to", values.trackers, (),
            "also report metrics to these experiment trackers: mlflow,wandb,tensorboard",

@@ -93,6 +93,8 @@ class LauncherOptions:
     min_nodes: Optional[int] = None
     #: ``--report-to``: the trackers the chief's ``core.init`` reports to (core/trackers/).
     report_to: tuple[str, ...] = ()
+    #: ``--checkpoint-storage``: what every rank's ``core.init`` saves to (core/storage/).
+    checkpoint_storage: Optional[str] = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -120,6 +122,7 @@ class LauncherOptions:
             local_trial=LocalTrialOptions(
                 hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
             report_to=v["report_to"],
+            checkpoint_storage=v["checkpoint_storage"] or None,
             **extra,
         )
 
@@ -186,6 +189,8 @@ def run(
 ) -> int:
     """Detect, build, supervise; return the exit status. Raises LaunchError."""
     env = os.environ if env is None else env
+    if options.checkpoint_storage:  # the flag, for every reader here and (below) the workers
+        env = {**env, envvars.CHECKPOINT_STORAGE: options.checkpoint_storage}
     info = detect_with_config_slots(options, env)
     refuse_nested_launch(info, env)
     command = sys.argv if args.script == PER_SLOT else args.script
@@ -204,6 +209,8 @@ def run(
         extra_env.setdefault(CONFIG_ENV, os.path.abspath(options.local_trial.config))
     if run_dir is not None:
         extra_env[envvars.RUN_DIR] = str(run_dir)
+    if options.checkpoint_storage:
+        extra_env[envvars.CHECKPOINT_STORAGE] = options.checkpoint_storage
     if options.report_to:  # a missing package is one line here, before any worker starts
         check_trackers(options.report_to)
         extra_env[envvars.REPORT_TO] = ",".join(options.report_to)

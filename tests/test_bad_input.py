@@ -217,3 +217,23 @@ def test_slots_flag_reaches_the_detector_but_not_the_workers(tmp_path: Path) -> 
     )
     assert r.returncode == 0, r.stderr
     assert out.read_text() == "-"
+
+
+def test_checkpoint_storage_flag_is_checked_and_reaches_the_workers(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    r, elapsed = run_cli(["--checkpoint-storage", str(tmp_path / "a-file" / "x"), "exec", "--",
+                          "true"], base_env(DET_LAUNCH_SLOTS="1"))
+    assert_one_line_error(r, elapsed, "cannot write there: ")
+    store = tmp_path / "ck"
+    code = ("import os, determined_launch as det\n"
+            "with det.core.init() as c:\n"
+            "    with c.checkpoint.store_path({'steps_completed': 1}) as (p, sid):\n"
+            "        (p / 'w').write_text('1')\n"
+            "print(os.environ['DET_CHECKPOINT_STORAGE'])\n")
+    r = subprocess.run([sys.executable, "-m", "determined_launch.cli", "--checkpoint-storage",
+                        str(store), "exec", "--", sys.executable, "-c", code], cwd=tmp_path,
+                       env=base_env(DET_LAUNCH_SLOTS="1"), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert str(store) in r.stdout and len([p for p in store.iterdir()
+                                           if not p.name.startswith(".")]) == 1

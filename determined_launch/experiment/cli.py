@@ -115,6 +115,9 @@ def main(argv: Sequence[str]) -> int:
             from determined_launch.experiment.run import status
 
             return status(status_dir(ns.status), resolve(ns)["study_storage"])
+        if ns.checkpoint_storage:
+            raise LaunchError("--checkpoint-storage: det-launch experiment saves every trial's "
+                              "checkpoints to its config's checkpoint_storage")
         if not ns.config_path:
             raise LaunchError("no experiment config given (det-launch experiment CONFIG.yaml "
                               "...)")
