@@ -30,6 +30,12 @@ WAITER = ('Thread 0x00007f01 (most recent call first):\n'
           'Current thread 0x00007f00 (most recent call first):\n'
           '  File "/v/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
           '  File "/w/worker.py", line 30 in total\n')
+DDP_BACKWARD = ('Current thread 0x00007f00 (most recent call first):\n'
+                '  File "/v/torch/autograd/graph.py", line 979 in _engine_run_backward\n'
+                '  File "/v/torch/_tensor.py", line 623 in backward\n'
+                '  File "/r/determined_launch/pytorch/optim/opt.py", line 315 in backward\n'
+                '  File "/w/train.py", line 66 in train_batch\n'
+                '  File "/r/determined_launch/pytorch/loop/batch_step.py", line 129 in run\n')
 SLEEPER = ('Current thread 0x00007f00 (most recent call first):\n'
            '  File "/w/hang_worker.py", line 33 in train_batch\n'
            '  File "/w/hang_worker.py", line 45 in main\n')
@@ -114,6 +120,11 @@ def test_where_a_rank_waits_is_its_main_threads_innermost_frame() -> None:
     assert wd.where(WAITER) == "in all_reduce (distributed_c10d.py:2501) from total (worker.py:30)"
     assert wd.where(SLEEPER) == "in train_batch (hang_worker.py:33)"
     assert wd.where("") == "somewhere: no Python stack came back"
+    # DDP all-reduces inside backward(): a peer of a rank asleep in train_batch waits there
+    # (seen with the Trainer: before, that peer was named hung instead)
+    assert wd.waiting(wd.innermost(DDP_BACKWARD))
+    assert wd.where(DDP_BACKWARD) == ("in _engine_run_backward (graph.py:979) from train_batch "
+                                      "(train.py:66)")
 
 
 def test_the_hung_rank_is_the_stopped_one_then_the_one_not_waiting() -> None:

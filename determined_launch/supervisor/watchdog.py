@@ -39,9 +39,13 @@ DUMP_WAIT = 2.0
 _READ_CAP = 256
 _STACK_CAP = 64 * 1024
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<fn>\S+)')
-#: Where a rank waits for its peers, not for itself (innermost Python frame).
-_COLLECTIVE_PATHS = ("torch/distributed/", "determined_launch/core/distributed/",
-                     "determined_launch/core/preempt.py", "horovod/", "deepspeed/comm/")
+#: Where a rank waits for its peers, not for itself (innermost Python frame). DDP all-reduces
+#: inside backward() (the autograd engine) and syncs buffers in its forward.
+_COLLECTIVE_PATHS = ("torch/distributed/", "torch/autograd/", "torch/nn/parallel/",
+                     "determined_launch/core/distributed/", "determined_launch/core/preempt.py",
+                     "horovod/", "deepspeed/comm/")
+#: Libraries between the program and a collective: a waiting rank's caller is the frame below.
+_LIBRARY_PATHS = ("/torch/", "/determined_launch/", "/horovod/", "/deepspeed/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +119,8 @@ def where(stack: str) -> str:
         return "somewhere: no Python stack came back"
     text = describe_frame(found[0])
     if waiting(found[0]):
-        caller = next((f for f in found if not waiting(f)), None)
+        caller = next((f for f in found if not any(p in f[0] for p in _LIBRARY_PATHS)),
+                      next((f for f in found if not waiting(f)), None))
         if caller is not None:
             text += f" from {caller[2]} ({os.path.basename(caller[0])}:{caller[1]})"
     return text
