@@ -167,18 +167,19 @@ def test_no_metric_completes_trials_run_at_once_and_a_rerun_retries(tmp_path: pa
     bug.touch()
     hparams = {"sleep": 0.0, "bug": str(bug), "validate": True}
     first = _experiment(tmp_path, "retry", hparams, {"name": "single"})
-    assert first.returncode == 1 and "trial 1: failed with exit status 3" in first.stdout
+    # trial ids go on across the experiments root: nometric's were 1 and 2
+    assert first.returncode == 1 and "trial 3: failed with exit status 3" in first.stdout
     again = _experiment(tmp_path, "retry", hparams, {"name": "single"})  # not fixed yet
     assert again.returncode == 1, again.stdout  # a failed experiment never exits 0
-    assert "trial 1: retrying (it failed: exit status 3) from its latest checkpoint" \
+    assert "trial 3: retrying (it failed: exit status 3) from its latest checkpoint" \
         in again.stdout, again.stdout
     bug.unlink()  # the fix
     fixed = _experiment(tmp_path, "retry", hparams, {"name": "single"})
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert "trial 1: retrying" in fixed.stdout and "trial 1: completed, loss=" in fixed.stdout
-    log = (tmp_path / "det_experiments" / "retry" / "trials" / "1" / "output.log").read_text()
+    assert "trial 3: retrying" in fixed.stdout and "trial 3: completed, loss=" in fixed.stdout
+    log = (tmp_path / "det_experiments" / "retry" / "trials" / "3" / "output.log").read_text()
     assert log.count("resumed at 3") == 2, log  # from the checkpoint, not from the start
-    assert re.search(r"^1 +completed +0\.1666", fixed.stdout, re.M), fixed.stdout
+    assert re.search(r"^3 +completed +0\.1666", fixed.stdout, re.M), fixed.stdout
 
 
 DIST_SCRIPT = '''
