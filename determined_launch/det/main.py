@@ -180,16 +180,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ns = p.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (already printed)
         return int(e.code or 0) and EXIT_USAGE
+    root = Root(root_dir(ns.experiments_dir))
     if os.environ.get("DET_MASTER") or ns.master:
         print(f"det: {'DET_MASTER' if os.environ.get('DET_MASTER') else '--master'} is set, "
               "but this det (determined_launch) runs without a master: it works on the "
-              "experiments root", file=sys.stderr)
+              f"experiments root {root.path}", file=sys.stderr)
     handler = getattr(ns, "handler", None)
     if handler is None:
         (getattr(ns, "parser", None) or p).print_help()
         return 0 if not ns.noun else EXIT_USAGE
     try:
-        return int(handler(ns, Root(root_dir(ns.experiments_dir))))
+        return int(handler(ns, root))
     except LookupFailed as e:
         print(f"det: error: {e.args[0]}", file=sys.stderr)
         return 1
