@@ -107,11 +107,6 @@ CLIS = (f"{PKG}.cli", f"{PKG}.det")
 DET = f"{PKG}.det."
 
 
-#: the command lines at the top: det-launch, and det (Determined's CLI over the experiments root)
-CLIS = (f"{PKG}.cli", f"{PKG}.det")
-DET = f"{PKG}.det."
-
-
 def test_only_the_cli_imports_the_experiment_layer() -> None:
     # experiment/ is the top layer (it runs launcher jobs); below it nothing may know it.
     # Determined's hyperparameters block (hparams.py) sits at the bottom instead, as a pure
