@@ -53,8 +53,8 @@ def main() -> None:
         status_dir = os.path.join(tmp, "status")
         os.mkdir(status_dir)
         env = {envvars.WRAP_RANK_STATUS_DIR: status_dir}
-        with det.core.init(run_dir=os.path.join(tmp, "run"),
-                           checkpoint_storage=os.path.join(tmp, "ck")) as ctx:
+        os.environ[envvars.RUN_DIR] = os.path.join(tmp, "run")  # nothing left in ./det_runs
+        with det.core.init(checkpoint_storage=os.path.join(tmp, "ck")) as ctx:
             _progress.stop()  # on and off by hand below, inside the one context
             on: list[float] = []
             off: list[float] = []

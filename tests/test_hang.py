@@ -181,9 +181,13 @@ def test_a_hung_rank_is_named_and_the_job_restarts_exactly(
     worker = [sys.executable, str(WORKERS / "hang_worker.py")]
     argv = ([*worker, "launcher"] if how == "sleep"
             else [sys.executable, "-m", "determined_launch.cli", "exec", "--", *worker])
+    if how == "stop":  # a stopped rank takes its TERM at once (SIGCONT), not after KILL
+        env["DET_KILL_AFTER"] = "60"
+    started = time.monotonic()
     launch = Launch(argv, env)
     launches.append(launch)
     assert launch.wait(150) == 0, launch.stderr
+    assert time.monotonic() - started < 45, launch.stderr
     err = launch.stderr
     hung = ranks - 1
     found = re.findall(rf"det-launch: rank {hung} on node 0 \(\S+\) hung: no progress for "

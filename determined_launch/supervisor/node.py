@@ -335,6 +335,9 @@ class Supervisor:
         for action in actions:
             if isinstance(action, v.SignalAll):
                 self.processes.signal_all(action.sig)
+                if action.sig == signal.SIGTERM:
+                    # a stopped process (SIGSTOP, a hang) takes its TERM only once continued
+                    self.processes.signal_all(signal.SIGCONT)
                 if action.sig == signal.SIGTERM and self._term_sent_at is None:
                     self._term_sent_at = time.monotonic()
             elif isinstance(action, v.SignalGroups):
