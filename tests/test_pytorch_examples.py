@@ -108,7 +108,9 @@ def test_trainer_script_as_the_experiment_entrypoint(workdir: Path) -> None:
     _small(workdir)
     config = (workdir / "const.yaml").read_text()
     assert "entrypoint: python3 train.py --batches 300" in config
-    (workdir / "const.yaml").write_text(config.replace("--batches 300", "--batches 10"))
+    # Under a searcher the config's searcher.max_length wins over fit(max_length=) (seed 002).
+    (workdir / "const.yaml").write_text(config.replace("--batches 300", "--batches 7").replace(
+        "max_length:\n    batches: 300", "max_length:\n    batches: 10"))
     r = _run([sys.executable, "-m", "determined_launch.cli", "experiment", "const.yaml"], workdir)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     exp = workdir / "det_experiments" / "mnist_pytorch_const"
@@ -214,7 +216,7 @@ def test_legacy_runner_preempted_exits_75_and_rerun_resumes(
     launches.append(first)
     assert first.proc.stderr is not None
     seen = ""
-    while "report_training_metrics" not in seen:  # training is under way
+    while "training: batches=" not in seen:  # training is under way (the Trainer's report line)
         line = first.proc.stderr.readline()
         assert line, seen[-3000:]
         seen += line
