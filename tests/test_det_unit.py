@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from determined_launch import exproot
 from determined_launch.det import main as det_main
 from determined_launch.det.create import apply_overrides, small_config
 from determined_launch.det.snapshot import DEFAULT_IGNORE, Ignore, snapshot
 from determined_launch.det.table import csv_text, format_time, presto
 from determined_launch.errors import LaunchError
-from determined_launch.experiment import root as exproot
-from determined_launch.experiment.root import LookupFailed, Root, trial_id_of
+from determined_launch.exproot import LookupFailed, Root, trial_id_of
 
 
 def _allocate(path: str, n: int, out: multiprocessing.Queue[list[int]]) -> None:

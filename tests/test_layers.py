@@ -118,13 +118,12 @@ def test_only_the_cli_imports_the_experiment_layer() -> None:
             continue
         if name.startswith(f"{PKG}.ui."):
             continue  # the UI reads experiments' files and studies (a reader beside the flow)
-        # (`from ...experiment import root` names the package too: its names count)
-        bad = sorted(i for i in imports_of(path) if i.startswith(top + ".")
-                     and not i.startswith(f"{top}.root"))
+        bad = sorted(i for i in imports_of(path) if i == top or i.startswith(top + "."))
         assert not bad, f"{name} imports {bad}, which sit above it"
-    # experiment/root.py (the experiments root: ids, lookup; pytorch's load_checkpoint_trial
-    # asks it for a trial's checkpoints) is a leaf: the standard library and rundir.py only.
-    ours = {i for i in imports_of(ROOT / PKG / "experiment" / "root.py") if i.startswith(PKG)}
+    # exproot.py (the experiments root's one owner: ids, lookup; pytorch's
+    # load_checkpoint_trial asks it for a trial's checkpoints) is a leaf beside rundir.py:
+    # the standard library and rundir.py only.
+    ours = {i for i in imports_of(ROOT / PKG / "exproot.py") if i.startswith(PKG)}
     assert ours <= {f"{PKG}.rundir", f"{PKG}.rundir.read_log"}, ours
     hparams = ROOT / PKG / "hparams.py"
     ours = {i for i in imports_of(hparams) if i.startswith(PKG)}

@@ -174,7 +174,7 @@ def test_checkpoint_metadata_names_the_packages_version(tmp_path: Path) -> None:
 
 def test_load_checkpoint_trial_by_the_roots_trial_id(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from determined_launch.experiment.root import Root
+    from determined_launch.exproot import Root
 
     root = Root(tmp_path / "det_experiments")
     _, exp_dir = root.new_experiment_dir("const")

@@ -17,7 +17,7 @@ from typing import Any
 from determined_launch.det import follow, state
 from determined_launch.det.table import format_percent, format_time, render, sizeof_fmt
 from determined_launch.errors import LaunchError
-from determined_launch.experiment.root import LookupFailed, Root, trial_checkpoints
+from determined_launch.exproot import LookupFailed, Root, trial_checkpoints
 
 
 def _view(root: Root, ref: str) -> state.View:

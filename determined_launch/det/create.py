@@ -25,11 +25,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from determined_launch import expconf, values
+from determined_launch import expconf, exproot, values
 from determined_launch.det import follow, state
 from determined_launch.det.snapshot import snapshot
 from determined_launch.errors import LaunchError
-from determined_launch.experiment import root as exproot
 
 INSTALL = "pip install 'determined_launch[search]'"
 

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Optional
 
 from determined_launch.det import state
-from determined_launch.experiment.root import Root, TrialRef
+from determined_launch.exproot import Root, TrialRef
 from determined_launch.ui.study import Studies
 
 POLL = 0.2

@@ -23,7 +23,7 @@ from determined_launch.det.create import load_config
 from determined_launch.det.snapshot import snapshot
 from determined_launch.errors import LaunchError
 from determined_launch.experiment.command import entrypoint_command
-from determined_launch.experiment.root import Root
+from determined_launch.exproot import Root
 
 CONFIG_ENV = "DET_LAUNCH_CONFIG"  # the launcher's --config (config.py): one name for both
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from determined_launch.det import commands as c
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
-from determined_launch.experiment.root import ENV, LookupFailed, Root, root_dir
+from determined_launch.exproot import ENV, LookupFailed, Root, root_dir
 
 Handler = Callable[[argparse.Namespace, Root], int]
 

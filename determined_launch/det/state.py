@@ -1,5 +1,5 @@
 """What ``det`` shows of an experiment: its state, progress and trials, in
-Determined's words, from the root (experiment/root.py), the study (read as the
+Determined's words, from the root (exproot.py), the study (read as the
 UI reads it, ui/study.py) and the files ``det e create`` keeps beside them::
 
     <exp>/det_driver.json   the detached driver: pid, host, start; or the SLURM job
@@ -24,7 +24,7 @@ from typing import Any, Optional
 from determined_launch.errors import EXIT_PREEMPTED
 from determined_launch.experiment import report
 from determined_launch.experiment.owners import ATTR_SLOT
-from determined_launch.experiment.root import Experiment, trial_id_of
+from determined_launch.exproot import Experiment, trial_id_of
 from determined_launch.ui.study import Studies, StudyError
 
 DRIVER = "det_driver.json"

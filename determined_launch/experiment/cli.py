@@ -93,7 +93,7 @@ def status_dir(ref: str) -> pathlib.Path:
     path = pathlib.Path(ref)
     if (path / "experiment.json").is_file():
         return path
-    from determined_launch.experiment.root import LookupFailed, Root, root_dir
+    from determined_launch.exproot import LookupFailed, Root, root_dir
 
     try:
         return Root(root_dir()).experiment(ref).dir

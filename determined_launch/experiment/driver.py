@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Callable, Optional
 
+from determined_launch import exproot
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.trackers import end_abandoned
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
-from determined_launch.experiment import root as exproot
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.expconf import ExperimentConfig
 from determined_launch.experiment.owners import (  # noqa: F401  (ATTR_*, owner_alive: re-exported)

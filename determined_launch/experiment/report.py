@@ -19,13 +19,13 @@ from typing import Any, Optional
 from determined_launch.common.redact import redact
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.owners import ATTR_BEAT, ATTR_FAILED, ATTR_OWNER, owner_alive
-from determined_launch.experiment.root import trial_id_of
 from determined_launch.experiment.trial import (
     TrialProcess,
     latest_checkpoint,
     trial_metric,
     write_private,
 )
+from determined_launch.exproot import trial_id_of
 from determined_launch.values import plain
 
 STATES = {"COMPLETE": "completed", "PRUNED": "stopped (ASHA)", "RUNNING": "running",

@@ -12,14 +12,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from determined_launch import config
+from determined_launch import config, exproot
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.common.redact import redact
 from determined_launch.core.storage import check_storage, open_storage, parse_storage
 from determined_launch.errors import LaunchError
 from determined_launch.experiment import expconf, report
-from determined_launch.experiment import root as exproot
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.command import (
     entrypoint_command,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from determined_launch.experiment.root import trial_id_of
+from determined_launch.exproot import trial_id_of
 from determined_launch.ui import files
 from determined_launch.ui.api import Api
 from determined_launch.ui.trial_rows import TrialRows

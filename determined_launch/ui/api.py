@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from determined_launch.common.redact import printable
-from determined_launch.experiment.root import trial_id_of
+from determined_launch.exproot import trial_id_of
 from determined_launch.ui import files, shape
 from determined_launch.ui.catalog import Catalog
 from determined_launch.ui.runs import RemoteCheckpoints, RunReader, Storages

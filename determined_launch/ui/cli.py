@@ -85,7 +85,7 @@ def _paths(given: Sequence[str], mirrors: list[Mirror]) -> list[str]:
         out.append(path)
     if out:
         return out
-    from determined_launch.experiment.root import root_dir  # DET_EXPERIMENTS_DIR, as det's
+    from determined_launch.exproot import root_dir  # DET_EXPERIMENTS_DIR, as det's
 
     return [str(root_dir()), *(os.path.abspath(p) for p in DEFAULT_PATHS[1:])]
 

@@ -17,7 +17,7 @@ import threading
 from typing import Any, Optional
 
 from determined_launch.common.redact import printable
-from determined_launch.experiment.root import trial_id_of
+from determined_launch.exproot import trial_id_of
 from determined_launch.ui import shape
 from determined_launch.ui.runs import RunReader
 

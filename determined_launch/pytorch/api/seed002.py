@@ -150,7 +150,7 @@ def trial_checkpoint(trial_id: int) -> tuple[str, str]:
     """``(storage, storage id)`` of trial ``trial_id``'s newest committed
     checkpoint in the experiments root (``DET_EXPERIMENTS_DIR``, else
     ``./det_experiments``; ``det e list-trials``)."""
-    from determined_launch.experiment import root
+    from determined_launch import exproot as root
 
     where = f"load_checkpoint_trial(trial_id={trial_id})"
     try:
