@@ -139,8 +139,9 @@ def test_the_mirror_places_trials_in_their_experiment(
         monkeypatch.setattr(remote, "PERIOD", 0.0)
         put("ck-1/weights.bin", bytes(1000))
         put("ck-1/sub/more.bin", bytes(24))
+        # data without its commit marker: uncommitted (issue 34 §10), not deleted
         assert mirror.checkpoint("ck-1") == {"size": 1024, "storage": f"s3://{bucket}/p",
-                                             "found": False, "metadata": None}
+                                             "found": False, "unmarked": True, "metadata": None}
         put("ck-1/metadata.json", b'{"steps_completed": 5}')
         entry = mirror.checkpoint("ck-1")
         assert (entry["found"], entry["size"], entry["metadata"]) == (
