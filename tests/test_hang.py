@@ -132,6 +132,9 @@ def test_the_hung_rank_is_the_stopped_one_then_the_one_not_waiting() -> None:
     silent = {0: 21.0, 1: 20.0, 2: 20.5}
     assert wd.choose(silent, stops={2}, frames=frames, timeout=20) == 2
     assert wd.choose(silent, stops=(), frames=frames, timeout=20) == 1
+    # a rank whose stack did not come back is a candidate only after one known not to wait
+    assert wd.choose({**silent, 3: 30.0}, (), frames, timeout=20) == 1
+    assert wd.choose({0: 21.0, 3: 20.0}, (), frames, timeout=20) == 3
     # only waiters here (the hung rank is on another node, which names it first) ...
     waiters = {0: 21.0, 2: 20.5}
     assert wd.choose(waiters, (), frames, timeout=20) is None

@@ -166,10 +166,12 @@ def choose(silent: Mapping[int, float], stops: Collection[int],
            frames: Mapping[int, Optional[Frame]], timeout: float
            ) -> Optional[int]:
     """The hung rank among those ``silent`` (seconds) past ``timeout`` (pure):
-    a stopped one, else one not waiting in a collective, else (past the wait
-    margin) the longest silent; None: not yet."""
+    a stopped one, else one whose stack shows it is not waiting in a collective,
+    else one whose stack did not come back, else (past the wait margin) the
+    longest silent; None: not yet."""
     for pool in (sorted(r for r in silent if r in stops),
-                 sorted(r for r in silent if not waiting(frames.get(r)))):
+                 sorted(r for r in silent if frames.get(r) and not waiting(frames.get(r))),
+                 sorted(r for r in silent if not frames.get(r))):
         if pool:
             return max(pool, key=lambda r: silent[r])
     late = [r for r, s in silent.items() if s >= timeout + WAIT_MARGIN]
