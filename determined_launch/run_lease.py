@@ -57,21 +57,45 @@ def job_key(secret: Optional[str], env: Mapping[str, str], shape: Sequence[Any] 
 
 
 def lease_verdict(record: Any, age: float, host: str, job: str,
-                  pid_alive: Callable[[int], bool]) -> str:
+                  pid_alive: Callable[[int], bool],
+                  inside: Callable[[int], bool] = lambda pid: False) -> str:
     """Pure: what a job ``job`` on ``host`` may do with the lease ``record``,
-    last renewed ``age`` seconds ago. ``MINE``: the same job's; ``FREE``: none
-    or stale; ``WAIT``: its holder looks dead, stale soon; ``HELD``: live."""
+    last renewed ``age`` seconds ago. ``MINE``: the same job's, or a job this
+    launcher runs inside (``inside(pid)``: the holder is one of our ancestors,
+    as for the Core API tutorial's ``launch_per_slot`` run as a trial's
+    entrypoint: the outer launcher's job owns the directory and keeps the
+    lease); ``FREE``: none or stale; ``WAIT``: its holder looks dead, stale
+    soon; ``HELD``: live."""
     if not isinstance(record, dict) or age > STALE:
         return FREE
     if record.get("job") == job:
         return MINE
     pid = record.get("pid")
     here = record.get("host") == host and isinstance(pid, int) and pid > 0
+    if here and isinstance(pid, int) and inside(pid):
+        return MINE
     if here and isinstance(pid, int) and not pid_alive(pid):
         return FREE if age > MISSED else WAIT
     if not here and age > MISSED:
         return WAIT
     return HELD
+
+
+def _is_ancestor(pid: int) -> bool:
+    """Whether ``pid`` is this process's parent, grandparent, ... (Linux /proc;
+    elsewhere: never)."""
+    current = os.getppid()
+    for _ in range(64):
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        try:
+            stat = pathlib.Path(f"/proc/{current}/stat").read_text()
+            current = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,7 +165,8 @@ class Lease:
         try:
             record = rundir._read_json(self.path, 1 << 16)
             age = self._age(fd)
-            verdict = lease_verdict(record, age, socket.gethostname(), self.job, _pid_alive)
+            verdict = lease_verdict(record, age, socket.gethostname(), self.job, _pid_alive,
+                                    _is_ancestor)
             if verdict == FREE:
                 rundir._write_atomically(self.path, json.dumps(
                     {"job": self.job, "host": socket.gethostname(), "pid": os.getpid(),

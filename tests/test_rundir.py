@@ -123,6 +123,24 @@ def test_lease_verdicts() -> None:
     assert v(theirs_there, 1) == run_lease.HELD
     assert v(theirs_there, run_lease.MISSED + 1) == run_lease.WAIT
     assert v(theirs_there, run_lease.STALE + 1) == run_lease.FREE
+    # a launcher started by a job's worker (launch_per_slot as a trial's entrypoint) runs
+    # inside that job: the holder is its ancestor on this host; never one on another host
+    inside = run_lease.lease_verdict(theirs_here, 1, "h1", "me", lambda pid: True,
+                                     lambda pid: pid == 42)
+    assert inside == run_lease.MINE
+    assert run_lease.lease_verdict(theirs_there, 1, "h1", "me", lambda pid: True,
+                                   lambda pid: pid == 42) == run_lease.HELD
+
+
+def test_the_ancestor_check_sees_our_parents_only() -> None:
+    assert run_lease._is_ancestor(os.getppid())
+    assert not run_lease._is_ancestor(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert not run_lease._is_ancestor(child.pid)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_job_keys_are_shared_by_the_nodes_of_one_job() -> None:
