@@ -262,13 +262,17 @@ class Watchdog:
                 asked.append(rank)
             except OSError:
                 pass
+        # faulthandler writes a dump in many small writes (one thread block after another, the
+        # main thread's last): a dump is taken once it is whole and unchanged 50 ms later.
         out: dict[int, str] = {}
+        last: dict[int, str] = {}
         deadline = time.monotonic() + DUMP_WAIT
         while True:
             for rank in asked:
                 text = self._read_stack(rank)
-                if text and _complete(text):
+                if text and _complete(text) and last.get(rank) == text:
                     out[rank] = text
+                last[rank] = text
             if len(out) == len(asked) or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
