@@ -216,8 +216,10 @@ class Watchdog:
         if hang is not None:
             lines += [f"rank {hang.rank} on node {node} ({host}) hung: no progress for "
                       f"{hang.silent:.0f} s", *hang.lines]
-        if lines:
-            print("\n".join(f"det-launch: {line}" for line in lines), file=sys.stderr, flush=True)
+        if lines:  # stacks name the program's files: nothing unprintable reaches the terminal
+            text = "\n".join("det-launch: " + "".join(c if c.isprintable() else "?" for c in line)
+                             for line in lines)
+            print(text, file=sys.stderr, flush=True)
         return hang
 
     def _window(self, beats: Mapping[int, Beat]) -> dict[int, tuple[int, float]]:
