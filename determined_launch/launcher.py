@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -238,10 +239,13 @@ def run(
             lease.acquire()
             if info.is_chief:
                 rundir.record_command(lease.run_dir, rundir.command_of(command))
+                rundir.record_exit(lease.run_dir, None, time.time())
     except run_lease.LeaseHeld as e:
         raise LaunchError(str(e)) from None
     try:
         status, info = run_generations(info, judge, one, claims, join_timeout)
+        if lease is not None and info.is_chief:  # the WebUI tells a crashed run from an idle one
+            rundir.record_exit(lease.run_dir, status, time.time())
     finally:
         if lease is not None:
             lease.release(remove=info.is_chief)

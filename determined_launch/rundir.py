@@ -7,6 +7,7 @@ A run directory holds what a master would keep for one run off-cluster::
     <run_dir>/latest_checkpoint.json  the newest one (``pending`` while a commit is under way)
     <run_dir>/command.json            the command that owns the run (its identity)
     <run_dir>/lease.json              the one live job (its launchers renew it: run_lease.py)
+    <run_dir>/exit.json               how the last job ended: its exit status, when (the chief)
 
 **Identity.** A run is one (command, trial). The default directory is
 ``./det_runs/local`` for the local trial (``trial-<id>`` for a scheduler's
@@ -52,6 +53,7 @@ CHECKPOINT_LOG = "checkpoints"
 CHECKPOINT_LOG_FILE = f"{CHECKPOINT_LOG}.jsonl"
 COMMAND_FILE = "command.json"
 LEASE_FILE = "lease.json"
+EXIT_FILE = "exit.json"
 #: Only so much of the checkpoint log is read (a file from outside), and so
 #: many candidates are asked whether they are committed (object storage: a
 #: request each).
@@ -114,6 +116,16 @@ def record_command(run_dir: pathlib.Path, command: Sequence[str]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_atomically(run_dir / COMMAND_FILE, json.dumps(
         {"command": list(command), "key": command_key(command)}) + "\n")
+
+
+def record_exit(run_dir: pathlib.Path, status: Optional[int], when: float) -> None:
+    """The job's exit status (the chief, as it ends), so a reader (the WebUI)
+    tells a crashed run from an idle one; None (a job starts) removes the last one's."""
+    path = run_dir / EXIT_FILE
+    if status is None:
+        path.unlink(missing_ok=True)
+        return
+    _write_atomically(path, json.dumps({"exit_status": status, "time": when}) + "\n")
 
 
 def base_name(trial_id: Optional[int], local: bool) -> str:

@@ -189,7 +189,10 @@ def test_a_trials_exit_status_is_the_launchers_last_summary_line(tmp_path: pathl
     api = Api([str(exps)])
     one, two, four = (api.trial(NAME, i) or {} for i in (1, 2, 4))
     assert one["exit_status"] == 0 and one["outcome"] == "job succeeded on 1 node (exit status 0)"
-    assert two["exit_status"] == 75 and two["outcome"].startswith("job preempted")
+    # ASHA's stop is the driver's preemption, no exit status 75 (issue 36 §1: test_ui_states.py)
+    assert two["exit_status"] is None and two["outcome"] == (
+        "stopped by the searcher (ASHA) at length 25")
+    assert two["launcher_events"][-1].startswith("det-launch: job preempted")  # the raw lines
     assert four["state"] == "running" and four["exit_status"] is None  # an earlier attempt's
     assert api.runs_reader.outcome(["det-launch: job failed: rank 1 exited with status 2 "
                                     "first; exit status 2"])["exit_status"] == 2
@@ -393,7 +396,8 @@ def test_pause_needs_actions_the_token_and_the_csrf_header(tree: pathlib.Path) -
     plain = Served(cwd=tree)
     try:
         assert plain.post(pause)[0] == 405
-        assert plain.json("/api/v1/actions") == {"pause": False, "csrf": None}
+        assert plain.json("/api/v1/actions") == {"pause": False, "kill": False,
+                                                 "activate": False, "csrf": None}
     finally:
         plain.stop()
     s = Served("--actions", cwd=tree, token=True)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from determined_launch.common.redact import printable
 from determined_launch.exproot import trial_id_of
-from determined_launch.ui import files, shape
+from determined_launch.ui import files, outcome, shape
 from determined_launch.ui.catalog import Catalog
 from determined_launch.ui.runs import RemoteCheckpoints, RunReader, Storages
 from determined_launch.ui.study import Studies, StudyError
@@ -192,7 +192,22 @@ class Api:
                "resumed_from": info.get("latest_checkpoint"), "trial_seed": block.get("trial_seed")}
         if out["state"] == "running":  # a summary line is an earlier attempt's (history)
             out.update(exit_status=None, outcome=None)
+        self._truth(out, run_dir)
         return shape.finite(out)
+
+    def _truth(self, out: dict[str, Any], run_dir: str) -> None:
+        """What happened to the trial, from its study state and why the driver
+        stopped it (``stop_reason.json``), not from the launcher's exit status:
+        the driver ends a trial through preemption (ui/outcome.py)."""
+        reason = (files.read_json(os.path.join(run_dir, "stop_reason.json"), self.roots)
+                  or {}).get("reason")
+        reason = reason if isinstance(reason, str) else None
+        out.update(outcome.trial_ended(out["state"], out.get("length"), reason,
+                                       out.get("exit_status"), out.get("outcome")))
+        out["history"] = outcome.history(out["launcher_events"], out["state"], reason,
+                                         out.get("length"), self._log_time(run_dir))
+        if out["state"] == "failed":
+            out["output_tail"] = self._output_tail(run_dir)
 
     def experiment_storage(self, name: str) -> Storages:
         exp_dir = self.catalog.experiments().get(name)
@@ -223,15 +238,37 @@ class Api:
     def _run_summary(self, name: str, path: str) -> dict[str, Any]:
         start, last = self.runs_reader.activity(path)
         active = last is not None and time.time() - last < ACTIVE
+        ended = self._exit(path)
+        state = "active" if active else "idle"
+        if ended is not None:  # the launcher's record of how its job ended (rundir.EXIT_FILE)
+            state = outcome.run_state(ended["exit_status"])
+            last = max(last or 0.0, ended["time"]) or None
         return shape.finite({"name": name, "path": path, "start": start, "last_update": last,
-                             "state": "active" if active else "idle",
-                             "steps_completed": self.runs_reader.last_step(path)})
+                             "state": state, "steps_completed": self.runs_reader.last_step(path)})
+
+    def _exit(self, path: str) -> Optional[dict[str, Any]]:
+        record = files.read_json(os.path.join(path, "exit.json"), self.roots) or {}
+        status, when = record.get("exit_status"), record.get("time")
+        if isinstance(status, bool) or not isinstance(status, int) or not isinstance(
+                when, (int, float)) or isinstance(when, bool):
+            return None
+        return {"exit_status": status, "time": float(when)}
 
     def run(self, name: str) -> Optional[dict[str, Any]]:
         path = self.run_dir(name)
         if path is None:
             return None
-        return shape.finite({**self._run_summary(name, path), **self._run_details(path)})
+        out = {**self._run_summary(name, path), **self._run_details(path)}
+        ended = self._exit(path)
+        if ended is not None:
+            if out["exit_status"] is None:
+                out["exit_status"] = ended["exit_status"]
+            out["ended"] = outcome.run_ended(ended["exit_status"])
+            out["history"] = outcome.history(out["launcher_events"], out["state"], None, None,
+                                             ended["time"])
+            if out["state"] == "errored":
+                out["output_tail"] = self._output_tail(path)
+        return shape.finite(out)
 
     def run_storage(self, name: str) -> Storages:
         path = self.run_dir(name)
@@ -242,8 +279,23 @@ class Api:
         r = self.runs_reader
         events = r.launcher_events(run_dir)
         return {**r.status(run_dir), **r.outcome(events), "groups": r.groups(run_dir),
-                "launcher_events": events,
+                "launcher_events": events, "log_ranks": r.log_ranks(run_dir),
+                "history": outcome.history(events, "running", None, None, None),
+                "ended": None, "output_tail": None,
                 "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
+
+    def _log_time(self, run_dir: str) -> Optional[float]:
+        real = files.confined(os.path.join(run_dir, "output.log"), self.roots)
+        try:
+            return os.stat(real).st_mtime if real else None
+        except OSError:
+            return None
+
+    def _output_tail(self, run_dir: str) -> str:
+        """The end of the run's own output (its exception), the launcher's lines left out."""
+        data, _ = files.tail_bytes(os.path.join(run_dir, "output.log"), self.roots, None,
+                                   16 << 10)
+        return shape.redact_text(outcome.output_tail(data.decode("utf-8", errors="replace")))
 
 
 def _quietly(what: str, work: Callable[[], Any]) -> None:

@@ -22,7 +22,8 @@ from determined_launch.ui.files import confined, read_json
 
 #: a directory holding any of these is a run directory
 RUN_FILES = ("training.jsonl", "validation.jsonl", "checkpoints.jsonl", "progress.jsonl",
-             "searcher.jsonl", "latest_checkpoint.json", "early_exit.json", "status.json")
+             "searcher.jsonl", "latest_checkpoint.json", "early_exit.json", "status.json",
+             "exit.json")
 #: seconds a scan is reused (20 tabs polling every second share one scan)
 TTL = 0.5
 DEPTH = 2

@@ -22,6 +22,9 @@ from determined_launch.ui.cache import ByteLru
 
 #: the launcher's own lines: its preemption and restart history, its summary
 LAUNCHER_LINE = re.compile(rb"^det-launch[^:\n]{0,200}: [^\n]*$", re.MULTILINE)
+#: the ranks' labels (wrap_rank's ``[rank=N] ``): which ranks the log has, for its filter
+RANK_LABEL = re.compile(rb"^\[rank=(\d{1,6})\] ", re.MULTILINE)
+MAX_RANKS = 4096
 KEEP = 200
 #: a launcher line is short; a longer one is cut (it is shown, not parsed further)
 LINE_CHARS = 1000
@@ -38,6 +41,7 @@ class _Scan:
         self.mtime = -1
         self.skipping = False  # inside a line longer than CHUNK: not a launcher line
         self.lines: deque[str] = deque(maxlen=KEEP)
+        self.ranks: set[int] = set()
         self.lock = threading.Lock()
 
 
@@ -47,13 +51,20 @@ class LauncherLines:
         self._scans: ByteLru[_Scan] = ByteLru(CACHE_BYTES)
 
     def lines(self, path: str) -> list[str]:
+        return self.scan(path)[0]
+
+    def ranks(self, path: str) -> list[int]:
+        """The ranks whose labelled lines the log has (none for ``exec``'s output)."""
+        return self.scan(path)[1]
+
+    def scan(self, path: str) -> tuple[list[str], list[int]]:
         real = files.confined(path, self.roots)
         if real is None:
-            return []
+            return [], []
         try:
             st = os.stat(real)
         except OSError:
-            return []
+            return [], []
         key = (st.st_dev, st.st_ino)
         scan = self._scans.get(real)
         if scan is None or scan.key != key or st.st_size < scan.offset:
@@ -63,8 +74,9 @@ class LauncherLines:
                 self._follow(real, scan)
                 scan.size, scan.mtime = st.st_size, st.st_mtime_ns
             lines = list(scan.lines)
-        self._scans.put(real, scan, 200 + sum(len(x) for x in lines))
-        return lines
+            ranks = sorted(scan.ranks)
+        self._scans.put(real, scan, 200 + 8 * len(ranks) + sum(len(x) for x in lines))
+        return lines, ranks
 
     @staticmethod
     def _follow(path: str, scan: _Scan) -> None:
@@ -92,6 +104,8 @@ class LauncherLines:
                     return
                 for m in LAUNCHER_LINE.finditer(chunk, 0, end):
                     scan.lines.append(m.group(0)[:LINE_CHARS].decode("utf-8", errors="replace"))
+                if len(scan.ranks) < MAX_RANKS:
+                    scan.ranks.update(int(r) for r in set(RANK_LABEL.findall(chunk, 0, end)))
                 scan.offset += end
                 if not full:
                     return

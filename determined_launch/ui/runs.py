@@ -301,6 +301,10 @@ class RunReader:
         return [shape.redact(line) for line in
                 self._events.lines(os.path.join(run_dir, "output.log"))]
 
+    def log_ranks(self, run_dir: str) -> list[int]:
+        """The ranks the output labels, for the logs' rank filter."""
+        return self._events.ranks(os.path.join(run_dir, "output.log"))
+
     @staticmethod
     def outcome(events: Sequence[str]) -> dict[str, Any]:
         """The exit status and how the job ended, from the launcher's last

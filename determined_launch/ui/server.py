@@ -1,8 +1,8 @@
 """The HTTP side: routes, the token, caching headers; the standard library's
 ``ThreadingHTTPServer`` (a handful of readers, no dependency to ship).
 
-Security (docs/ui.md): GET and HEAD read; the one POST (pause an
-experiment, ui/actions.py) exists only with ``--actions``, which also makes
+Security (docs/ui.md): GET and HEAD read; the POSTs (pause, kill, activate
+an experiment, ui/actions.py) exist only with ``--actions``, which also makes
 the token required on loopback, and needs the token plus a CSRF header (a
 value only a page of this server can read) and a same-origin ``Origin``.
 Off loopback every request needs the server's random token (``?token=``
@@ -38,6 +38,8 @@ STATIC = pathlib.Path(__file__).parent / "static"
 #: every file the pages need, by URL name (nothing else under /static/ exists)
 ASSETS = {"app.js": "text/javascript", "app.css": "text/css", "app.html": "text/html"}
 PAGES = ("", "experiments", "runs", "compare")
+#: the writes --actions allows: POST /api/v1/experiments/{name}/{action}
+ACTIONS = ("pause", "kill", "activate")
 COOKIE = "det_ui_token"
 MAX_POINTS = 100_000
 HEADERS = {
@@ -155,16 +157,18 @@ class Handler(DeadlineHandler):
             status = HTTPStatus.NOT_FOUND
         if status is None and not (len(segments) == 5 and segments[:3] == ["api", "v1",
                                                                           "experiments"]
-                                   and segments[4] == "pause"):
+                                   and segments[4] in ACTIONS):
             status = HTTPStatus.NOT_FOUND
         body: Any = None
         if status is None:
-            from determined_launch.ui.actions import ActionError, pause_experiment
+            from determined_launch.ui import actions
 
             try:
-                body = pause_experiment(self.server.api, segments[3])
+                body = (actions.pause_experiment(self.server.api, segments[3])
+                        if segments[4] == "pause"
+                        else actions.det_verb(self.server.api, segments[3], segments[4]))
                 status = HTTPStatus.OK if body is not None else HTTPStatus.NOT_FOUND
-            except ActionError as e:
+            except actions.ActionError as e:
                 status, body = HTTPStatus.CONFLICT, {"error": str(e)}
         if body is None:
             body = {"error": HTTPStatus(status).phrase}
@@ -237,7 +241,8 @@ class Handler(DeadlineHandler):
         if seg == ["runs"]:
             return _json(api.runs())
         if seg == ["actions"]:  # what the pages may offer, and the CSRF value for it
-            return _json({"pause": self.server.csrf is not None, "csrf": self.server.csrf})
+            on = self.server.csrf is not None
+            return _json({**dict.fromkeys(ACTIONS, on), "csrf": self.server.csrf})
         if len(seg) >= 2 and seg[0] == "experiments":
             name = seg[1]
             if len(seg) == 2:

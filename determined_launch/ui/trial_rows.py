@@ -130,6 +130,8 @@ class TrialRows:
         length = max(values) if values else None
         row: dict[str, Any] = {
             "trial_id": trial_id_of(t), "state": _trial_state(t),
+            # Optuna's own number (optuna-dashboard's "Trial N"): ids are root-wide
+            "optuna_number": int(t.number),
             "hparams": shape.redact(report.hparams_of(t)),
             "best_value": report.best_value(t, smaller),
             "latest_value": values[length] if length is not None else None,

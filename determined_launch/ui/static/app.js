@@ -13,11 +13,14 @@ function score(q, smaller) { // a curve's best value, best first
 }
 const enc = encodeURIComponent;
 
-async function get(url, text) {
+class NotFound extends Error {}
+// primary: the page's own thing (an experiment, a trial, a run); its 404 ends the page
+async function get(url, text, primary) {
   const old = cache.get(url);
   const headers = old ? {"If-None-Match": old.etag} : {};
   const r = await fetch(url, {headers, cache: "no-store", credentials: "same-origin"});
   if (r.status === 304 && old) return {data: old.data, changed: false, headers: r.headers};
+  if (r.status === 404 && primary) throw new NotFound(url);
   if (!r.ok) throw new Error(`${url}: ${r.status}`);
   const data = text ? await r.text() : await r.json();
   cache.set(url, {etag: r.headers.get("ETag"), data});
@@ -61,7 +64,9 @@ function dur(s) {
   return s < 60 ? `${s}s` : s < 3600 ? `${Math.floor(s / 60)}m ${s % 60}s`
     : `${Math.floor(s / 3600)}h ${Math.floor(s % 3600 / 60)}m`;
 }
-const state = (s) => h("span", {class: `state ${s}`}, s);
+// A state is a CSS class through its slug: "stopped (ASHA)" -> "stopped-asha".
+const slug = (s) => String(s).toLowerCase().replace(/[^a-z0-9]+/g, "-").replace(/^-|-$/g, "");
+const state = (s) => h("span", {class: `state ${slug(s)}`}, s);
 
 // -- tables: sortable, rendered from rows of cells --------------------------------------
 function table(cols, rows, opts) {
@@ -239,23 +244,24 @@ async function home() {
 
 async function experiment(name) {
   const base = `${API}/experiments/${enc(name)}`;
-  const [s, t, c, imp] = await Promise.all([get(base), get(`${base}/trials`),
+  const [s, t, c, imp] = await Promise.all([get(base, false, true), get(`${base}/trials`),
     get(`${base}/searcher_metric`), get(`${base}/importance`)]);
   if (!s.changed && !t.changed && !c.changed && !imp.changed && !page.dirty) return;
   const x = s.data, trials = t.data;
   const bestId = x.best_trial ? x.best_trial.trial_id : null;
   const hp = [...new Set(trials.flatMap((r) => Object.keys(r.hparams || {})))].sort();
   const picked = page.picked || (page.picked = new Set());
-  const cols = ["", "trial", "state", ...hp, `best ${x.metric}`, `latest ${x.metric}`, "length",
+  const cols = ["", "trial", "Optuna #", "state", ...hp, `best ${x.metric}`, `latest ${x.metric}`, "length",
     "restarts", "checkpoints"];
   const rows = trials.map((r) => ({
     cls: r.trial_id === bestId ? "best" : null,
     cells: [h("input", {type: "checkbox", checked: picked.has(r.trial_id) ? "" : null,
       onchange: (ev) => { ev.target.checked ? picked.add(r.trial_id) : picked.delete(r.trial_id); }}),
-    h("a", {href: `/experiments/${enc(name)}/trials/${r.trial_id}`}, r.trial_id), state(r.state),
+    h("a", {href: `/experiments/${enc(name)}/trials/${r.trial_id}`}, r.trial_id), fmt(r.optuna_number),
+    state(r.state),
     ...hp.map((k) => fmt(r.hparams[k])), fmt(r.best_value), fmt(r.latest_value), fmt(r.length),
     fmt(r.restarts), fmt(r.checkpoints)],
-    sort: [picked.has(r.trial_id) ? 0 : 1, r.trial_id, r.state, ...hp.map((k) => r.hparams[k]),
+    sort: [picked.has(r.trial_id) ? 0 : 1, r.trial_id, r.optuna_number, r.state, ...hp.map((k) => r.hparams[k]),
       r.best_value, r.latest_value, r.length, r.restarts, r.checkpoints],
   }));
   // Thousands of lines say nothing and cost the browser: draw the best CHART_TRIALS.
@@ -270,15 +276,26 @@ async function experiment(name) {
     location.href = `/compare?items=${enc(items)}`;
   }}, "Compare selected");
   const acts = (await get(`${API}/actions`)).data;
-  const pause = acts.pause && x.state === "running" ? h("button", {class: "action", onclick: async (ev) => {
-    if (!confirm(`Pause experiment ${x.name}? Its running trials checkpoint and stop; rerun its command to resume.`)) return;
-    ev.target.disabled = true;
-    const r = await fetch(`${base}/pause`, {method: "POST", credentials: "same-origin",
-      headers: {"X-CSRF-Token": acts.csrf}});
-    const said = await r.json();
-    ev.target.replaceWith(h("span", {class: r.ok ? "muted" : "error"}, r.ok
-      ? `pausing: trials ${said.preempted_trials.join(", ")} asked to checkpoint and stop` : said.error));
-  }}, "Pause experiment") : null;
+  // Determined's buttons: pause (checkpoint and stop), kill (stop, canceled), activate (resume)
+  const action = (verb, label, ask, said) => acts[verb] ? h("button", {class: `action ${verb}`,
+    onclick: async (ev) => {
+      if (!confirm(ask)) return;
+      ev.target.disabled = true;
+      const r = await fetch(`${base}/${verb}`, {method: "POST", credentials: "same-origin",
+        headers: {"X-CSRF-Token": acts.csrf}});
+      const body = await r.json();
+      ev.target.replaceWith(h("span", {class: r.ok ? "muted" : "error"}, r.ok ? said(body) : body.error));
+    }}, label) : null;
+  const live = ["running", "paused", "stopped", "pending"].includes(x.state);
+  const pause = x.state === "running" ? action("pause", "Pause experiment",
+    `Pause experiment ${x.name}? Its running trials checkpoint and stop; activate it to resume.`,
+    (b) => `pausing: trials ${b.preempted_trials.join(", ")} asked to checkpoint and stop`) : null;
+  const kill = live ? action("kill", "Kill experiment",
+    `Kill experiment ${x.name}? Its trials stop now and it cannot be activated again.`,
+    (b) => b.message || "killed") : null;
+  const activate = ["paused", "stopped"].includes(x.state) ? action("activate", "Activate experiment",
+    `Activate experiment ${x.name}? Its search resumes from the trials' checkpoints.`,
+    (b) => b.message || "activated") : null;
   show(h("h1", {}, `Experiment ${x.name}`),
     h("div", {class: "card"}, h("dl", {class: "kv"},
       ...[["state", state(x.state)], ["searcher", x.searcher], ["metric",
@@ -293,20 +310,22 @@ async function experiment(name) {
         x.smaller_is_better, bestId) : null,
       Object.keys(imp.data.importance || {}).length ? bars(`hyperparameter importance (${imp.data.method})`,
         Object.entries(imp.data.importance)) : null),
-    ...card("Trials", h("div", {class: "toolbar"}, compare, pause),
+    ...card("Trials", h("div", {class: "toolbar"}, compare, pause, activate, kill),
       table(cols, rows, {sortKey: `exp-${name}`, sortCol: 1})));
 }
 
 async function runPage(kind, name, tid) {
   const base = kind === "trial" ? `${API}/experiments/${enc(name)}/trials/${tid}` : `${API}/runs/${enc(name)}`;
-  const info = await get(base);
+  const info = await get(base, false, true);
   const r = info.data;
   const metrics = await Promise.all(r.groups.map((g) => get(`${base}/metrics?group=${enc(g)}&max_points=1000`)));
   const ck = await get(`${base}/checkpoints`);
   if (!page.shell) buildRunShell(kind, name, tid, base);
   if (info.changed || metrics.some((m) => m.changed) || ck.changed || page.dirty) {
-    const title = kind === "trial" ? `Trial ${tid} of ${name}` : `Run ${name}`;
-    const facts = [["state", state(r.state)], ["steps completed", fmt(r.steps_completed)],
+    const title = kind === "trial" ? `Trial ${tid} of ${name}` + (r.optuna_number !== undefined
+      && r.optuna_number !== null ? ` (Optuna trial ${r.optuna_number})` : "") : `Run ${name}`;
+    const facts = [["state", state(r.state)], ["ended", r.ended || "–"],
+      ["steps completed", fmt(r.steps_completed)],
       ["best " + (r.metric || ""), fmt(r.best_value)], ["exit", exitText(r)],
       ["status", r.status || r.outcome || "–"], ["resumed from", r.resumed_from || "–"],
       ["restarts seen", fmt(r.restarts)], ["latest checkpoint", r.latest_checkpoint || "–"]];
@@ -332,24 +351,41 @@ async function runPage(kind, name, tid) {
         bytes(c.size), when(c.time), c.storage || "–"],
       sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage]})), {sortKey: "ck", sortCol: 4})
       : h("p", {class: "muted"}, "no checkpoints yet"));
-    page.parts.events.replaceChildren(r.launcher_events.length
-      ? h("pre", {class: "logs"}, r.launcher_events.join("\n")) : h("p", {class: "muted"}, "no preemptions or restarts"));
+    page.parts.events.replaceChildren(r.history.length
+      ? table(["time", "event"], r.history.map((e) => ({cls: `event ${e.kind}`,
+        cells: [when(e.time), e.text], sort: [e.time, e.text]})), {sortKey: "history", sortCol: 0})
+      : h("p", {class: "muted"}, "no preemptions or restarts"));
+    page.parts.tail.replaceChildren(...(r.output_tail ? [h("h2", {}, "Last lines of its output"),
+      h("pre", {class: "logs tail"}, r.output_tail)] : r.state === "errored" || r.state === "failed"
+      ? [h("p", {class: "muted"}, "no output kept: a plain run's output goes to its launcher's terminal")]
+      : []));
+    rankOptions(r.log_ranks || []);
   }
   await pollLogs(base);
 }
 
 function buildRunShell(kind, name, tid, base) {
-  const p = page.parts = {head: h("div", {class: "card"}), hparams: h("div"),
+  const p = page.parts = {head: h("div", {class: "card"}), tail: h("div"), hparams: h("div"),
     charts: h("div", {class: "charts"}), ckpts: h("div", {class: "card"}),
     events: h("div", {class: "card"}), logs: h("pre", {class: "logs"})};
   page.rank = ""; page.follow = true; page.logOffset = null;
-  const rank = h("select", {onchange: (ev) => { page.rank = ev.target.value; page.logOffset = null; p.logs.textContent = ""; }},
-    h("option", {value: ""}, "all ranks"), ...[0, 1, 2, 3, 4, 5, 6, 7].map((i) => h("option", {value: i}, `rank ${i}`)));
+  const rank = p.rank = h("select", {class: "ranks", onchange: (ev) => {
+    page.rank = ev.target.value; page.logOffset = null; p.logs.textContent = ""; }});
   const follow = h("label", {}, h("input", {type: "checkbox", checked: "", onchange: (ev) => { page.follow = ev.target.checked; }}), " follow");
-  show(p.head, h("h2", {}, "Metrics"), p.charts, ...card("Hyperparameters", p.hparams),
+  show(p.head, p.tail, h("h2", {}, "Metrics"), p.charts, ...card("Hyperparameters", p.hparams),
     h("h2", {}, "Checkpoints"), p.ckpts, h("h2", {}, "Preemption and restart history"), p.events,
     ...card("Logs", h("div", {class: "toolbar"}, rank, follow), p.logs));
   page.shell = true;
+}
+
+// The rank filter offers the ranks the log labels; exec's output labels none.
+function rankOptions(ranks) {
+  const sel = page.parts.rank, key = ranks.join(",");
+  if (sel.dataset.ranks === key) return;
+  sel.dataset.ranks = key;
+  sel.replaceChildren(h("option", {value: ""}, ranks.length ? "all ranks" : "all output (not labelled by rank)"),
+    ...ranks.map((i) => h("option", {value: i, selected: String(i) === page.rank ? "" : null}, `rank ${i}`)));
+  sel.disabled = !ranks.length;
 }
 
 async function pollLogs(base) {
@@ -413,6 +449,14 @@ function route() {
 
 function rerender() { page.dirty = true; page.render().then(() => { page.dirty = false; }).catch(() => {}); }
 
+function notFound() {
+  const what = location.pathname.split("/").filter(Boolean).map(decodeURIComponent);
+  show(h("h1", {}, "Not found"), h("div", {class: "card"},
+    h("p", {}, `No ${what[0] === "runs" ? "run" : what[2] === "trials" ? "trial" : "experiment"} `,
+      h("code", {}, what.slice(1).join(" / ")), " under the served paths."),
+    h("p", {}, h("a", {href: "/"}, "All experiments and runs"))));
+}
+
 async function loop() {
   page = {render: route(), dirty: true};
   const live = document.getElementById("live");
@@ -422,6 +466,11 @@ async function loop() {
       page.dirty = false;
       live.className = ""; live.textContent = "live";
     } catch (err) {
+      if (err instanceof NotFound) { // nothing will appear by asking again each second
+        notFound();
+        live.className = "stale"; live.textContent = "not found";
+        return;
+      }
       live.className = "stale"; live.textContent = `offline (${err.message})`;
     }
     await new Promise((ok) => setTimeout(ok, 1000));
