@@ -18,8 +18,9 @@ once (``parse_claim``): writing into a shared run directory cannot stop a
 job's nodes or make them follow a forged membership.
 
 This protects only where every node sees the same run directory (a shared
-file system, as its checkpoints need); a node-local run directory leaves
-the deterministic rule alone (docs/architecture.md).
+file system, as its checkpoints need); with node-local run directories a
+surviving node that never saw its chief's claim of generation 0 says the
+run directory is not shared, and stops (``generations.not_shared``).
 
 The same directory lets a node that comes back **rejoin** (``presence``):
 every launcher of a job touches ``alive-<rank>`` every second (saying the generation it
@@ -181,6 +182,10 @@ class Claims(Presence):
         why = claims.files.refusal()
         if why is not None:
             raise LaunchError(why)
+        why = claims.files.unwritable()
+        if why is not None:
+            raise LaunchError(f"run directory {run_dir}: {why}; --min-nodes keeps its nodes' "
+                              f"claims there (set DET_RUN_DIR to a directory this user can write)")
         return claims
 
     def start(self, members: tuple[int, ...]) -> None:

@@ -40,6 +40,7 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor.events import Failure
+from determined_launch.supervisor.peers import UNREACHED
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide, nodes
 
 #: How the verdict names a launcher (not a worker) that failed: it was lost or never connected.
@@ -117,12 +118,16 @@ class Restarts:
     def join_at(self, generation: int, members: tuple[int, ...], start: Progress,
                 used: int) -> None:
         """This node rejoins a running job at ``generation``: take its record
-        (stand-ins for the generations it missed, ``used`` of them restarts)."""
-        self.attempts = [Attempt(g, 1 if g < used else EXIT_PREEMPTED,
-                                 "a generation this node missed" if g < used else "",
-                                 False, start, start, node_lost=g < used,
-                                 joining=() if g < used else (self.me,))
-                         for g in range(generation)]  # never "the same failure repeated"
+        (its own for the generations it ran, stand-ins for those it missed,
+        ``used`` restarts in all)."""
+        own = self.attempts[:generation]
+        left = used - sum(not a.rejoined for a in own)  # restarts among the missed ones
+        self.attempts = own + [
+            Attempt(g, 1 if i < left else EXIT_PREEMPTED,
+                    "a generation this node missed" if i < left else "",
+                    False, start, start, node_lost=i < left,
+                    joining=() if i < left else (self.me,))
+            for i, g in enumerate(range(len(own), generation))]  # never "the same failure"
         self.start, self.members = start, members
 
     def follow(self, decision: Decision) -> Decision:
@@ -176,7 +181,7 @@ def membership_info(original: ClusterInfo, members: tuple[int, ...],
     """A generation's cluster info: the original node list narrowed to
     ``members`` (original ranks, ascending: the first is the chief, whose
     address every node knows from the original list), resuming from
-    ``checkpoint``. Ports stay ``C10D_PORT``..+2 on the new chief."""
+    ``checkpoint``. Its ports are its own (``generation_ports``)."""
     return dataclasses.replace(
         original,
         container_addrs=tuple(original.container_addrs[m] for m in members),
@@ -217,6 +222,7 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
     me, everyone = info.container_rank, tuple(range(info.num_nodes))
     gen: Optional[Generation] = Generation(0, info, everyone, judge)
     alive = threading.Event()
+    unseen = False  # generation 0 ran here, and no claim of it was ever here
     running: list[object] = [0]  # the generation this node runs, for its alive file
     if claims is not None and judge is not None:
         first = claims.stamp(0)  # a new job's chief replaces it
@@ -240,9 +246,13 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                     gen, joining=claims.joiners,
                     superseded=functools.partial(claims.superseded, gen.number, gen.members))
             status, decision, deferred = one(gen)
+            if claims is not None and judge is not None and gen.number == 0 and (
+                    running[0] == STARTING and judge.attempts):  # connected, but no claim came
+                unseen = UNREACHED not in judge.attempts[-1].cause and claims.stamp(0) is None
             if not decision.restart and claims is not None and judge is not None:
                 newer = claims.newest()  # superseded by a generation that takes this node in?
-                if newer is not None and newer.generation > gen.number and me in newer.members:
+                if status != 0 and newer is not None and newer.generation > gen.number and (
+                        me in newer.members):  # (not after the job succeeded: nothing to resume)
                     running[0] = newer.generation
                     claims.touch(me, running[0])
                     gen = _take(info, judge, newer)
@@ -267,6 +277,8 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                                    checkpoint=decision.resume.checkpoint,
                                    steps=decision.resume.steps)
                 if why is not None:
+                    if unseen and decision.generation == 1:
+                        why = not_shared(claims.dir, gen.members[0])
                     _say(f"not restarting: {why}; exit status {status}")
                     return status, gen.info
                 claims.forget_joins(members)
@@ -274,6 +286,13 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         return 1, info
     finally:
         alive.set()
+
+
+def not_shared(where: pathlib.Path, chief: int) -> str:
+    """Why survivors on node-local run directories cannot continue (one line)."""
+    return (f"the run directory is not shared: this node ran generation 0 with the chief's "
+            f"launcher (node {chief}) connected, but never saw its claim in {where}; --min-nodes "
+            f"needs one run directory that every node sees (a shared file system)")
 
 
 def _ends_job(judge: Restarts, gen: Generation, claims: Claims) -> bool:
@@ -347,6 +366,25 @@ def _take(info: ClusterInfo, judge: Restarts, claim: Claim) -> Generation:
 
 def _say(line: str) -> None:
     print(f"det-launch: {line}", file=sys.stderr, flush=True)
+
+
+#: ports a generation moves its three by, per generation (cycling): +3 stays free (det-launch
+#: experiment's gang channel is ``C10D_PORT + 3``)
+PORT_STRIDE, PORT_CYCLE = 4, 16
+
+
+def generation_ports(base: int, generation: int) -> tuple[int, int, int]:
+    """(master, control, dist) ports of ``generation`` from the job's base
+    ``C10D_PORT`` (pure): generation 0 uses the base and the next two, each
+    later one its own three (every node computes the same without talking).
+    A launcher of an earlier generation that still holds its ports (a
+    SIGSTOPped chief on a host it shares with the next chief) cannot block
+    the next one; the ports cycle after ``PORT_CYCLE`` generations, and go
+    below the base where above would pass 65535."""
+    shift = PORT_STRIDE * (generation % PORT_CYCLE)
+    if base + shift + 2 > 65535:
+        shift = -shift
+    return base + shift, base + shift + 1, base + shift + 2
 
 
 def generation_secret(secret: Optional[str], generation: int,

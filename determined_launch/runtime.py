@@ -21,7 +21,7 @@ from determined_launch.backends.plan import JobRuntime
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.compat import worker_pythonpath
 from determined_launch.errors import LaunchError
-from determined_launch.generations import generation_secret
+from determined_launch.generations import generation_ports, generation_secret
 from determined_launch.supervisor import write_private_file
 
 #: torchrun's and Determined's default master port, used for multi-node jobs.
@@ -64,13 +64,15 @@ def check_ports_free(info: ClusterInfo, runtime: JobRuntime) -> None:
                 ) from None
 
 
-def _ports(info: ClusterInfo, env: Mapping[str, str]) -> tuple[int, int, int]:
+def _ports(info: ClusterInfo, env: Mapping[str, str], generation: int = 0) -> tuple[int, int, int]:
     """(master, control, dist) ports.
 
     Multi-node jobs need ports every node can compute without talking first,
     so they are ``C10D_PORT`` (default 29400) and the next two. A single
     node picks free ports unless ``C10D_PORT`` is set, so two jobs on one
-    machine never collide.
+    machine never collide. A later generation (``--max-restarts``) moves
+    all three (``generation_ports``): an old one's frozen chief may still hold
+    its ports on a host the next chief shares.
     """
     raw = env.get(envvars.C10D_PORT)
     if raw:
@@ -79,11 +81,10 @@ def _ports(info: ClusterInfo, env: Mapping[str, str]) -> tuple[int, int, int]:
                 f"environment variable {envvars.C10D_PORT}: expected a port in 1024-65533, "
                 f"got {raw!r}"
             )
-        base = int(raw)
-        return base, base + 1, base + 2
+        return generation_ports(int(raw), generation)
     if info.single_node:
         return _free_port(), _free_port(), _free_port()
-    return DEFAULT_C10D_PORT, DEFAULT_C10D_PORT + 1, DEFAULT_C10D_PORT + 2
+    return generation_ports(DEFAULT_C10D_PORT, generation)
 
 
 def job_secret(info: ClusterInfo, env: Mapping[str, str]) -> str:
@@ -123,7 +124,7 @@ def make_runtime(
     its nodes (original ranks) when ``--min-nodes`` changed them, bound into
     the secret too."""
     job_dir = tempfile.mkdtemp(prefix="det-launch-")  # mode 0700, unique per job
-    master, control, dist = _ports(info, env)
+    master, control, dist = _ports(info, env, generation)
     runtime = JobRuntime(
         job_dir=job_dir,
         master_port=master,

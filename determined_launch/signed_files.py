@@ -113,6 +113,28 @@ class SignedDir:
             why = refusal(self.path, st, groups) if stat.S_ISDIR(st.st_mode) else None
         return why
 
+    def unwritable(self) -> Optional[str]:
+        """Why files cannot be made in ``generations`` (one line; ``None``: they
+        can): a launcher finds out at its start, not at its first claim."""
+        try:
+            os.mkdir(CLAIMS_DIR, 0o775, dir_fd=self.run_fd)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            return f"cannot create {self.path}: {e.strerror}"
+        fd = self._dir()
+        if fd is None:
+            return f"{self.path} is not a directory"
+        probe = f".probe.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(probe, _NEW, 0o600, dir_fd=fd))
+            os.unlink(probe, dir_fd=fd)
+        except OSError as e:
+            return f"cannot write in {self.path}: {e.strerror}"
+        finally:
+            os.close(fd)
+        return None
+
     # ------------------------------------------------------------------ the directory
     def _dir(self, create: bool = False) -> Optional[int]:
         """A descriptor of ``generations`` (the caller closes it); ``None``: none there."""

@@ -319,6 +319,26 @@ def test_a_node_superseded_by_a_generation_that_takes_it_in_goes_on_there(
     assert calls == [0, 1]
 
 
+def test_a_node_whose_job_succeeded_takes_no_later_generation(tmp_path: Path) -> None:
+    """Issue 35 §0.5: the job succeeded (the chief's word: exit 0) while
+    nodes waiting to rejoin claimed generation 1 with this node; the old code
+    took it, resumed an older checkpoint and ended with exit status 1 while its
+    peers reported success."""
+    claims = claims_in(tmp_path)
+    claims.start((0, 1, 2))
+    j, calls = judge(1), []
+
+    def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+        calls.append(gen.number)
+        if gen.number == 0:
+            assert claims.claim(1, (0, 1, 2), (0, 1, 2), checkpoint="ck-4", steps=4) is None
+            return 0, Decision(False), frozenset()
+        return 1, Decision(False), frozenset()
+
+    assert generations.run_generations(info(1), j, one, claims, join_timeout=0.3)[0] == 0
+    assert calls == [0]
+
+
 # ------------------------------------------------------------ untrusted files (issue 34 §8, §9)
 def test_a_claim_must_fit_the_job_to_count() -> None:
     from determined_launch.claims import parse_claim
@@ -451,5 +471,71 @@ def test_a_second_user_cannot_make_the_launcher_write_through_links(
         c.start((0, 1))  # a new job removes the link, not what it points to
         assert not (run / "generations").is_symlink() and c.newest() == Claim(0, (0, 1))
         assert sorted(os.listdir(victims)) == ["file"]
+    finally:
+        shutil.rmtree(base)
+
+
+def test_survivors_on_node_local_run_directories_say_it_is_not_shared(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 35 §0.4: each node has its own run directory. The chief (node 0)
+    claimed generation 0 in its own; node 1 ran generation 0 with it and,
+    after node 2's loss, must continue on nodes 0, 1. The old code said
+    'generation 0 of this job is not in the run directory (a new job started
+    there)'; the directory is not shared, and it says so."""
+    chiefs = claims_in(tmp_path / "node0")
+    chiefs.start((0, 1, 2))
+    mine = claims_in(tmp_path / "node1")  # node 1's node-local run directory
+    j = judge(1)
+    lost2 = Failure(1, "the launcher", 2, "h2", 1.0, how="was lost")
+
+    def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+        return 1, j.decide(1, lost2, frozenset({2})), frozenset()
+
+    status, _ = generations.run_generations(info(1), j, one, mine, claim_wait=0.2)
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "not restarting: the run directory is not shared: this node ran generation 0 with " \
+           "the chief's launcher (node 0) connected, but never saw its claim in " \
+           f"{tmp_path / 'node1' / 'generations'}" in err
+    assert "a new job started there" not in err
+
+
+def test_an_unwritable_run_directory_is_one_line(other_user: tuple[int, int]) -> None:
+    """Issue 35 §0.4: a run directory the launcher's user cannot write gave a
+    traceback at its first claim (mkstemp: PermissionError) or, later, claims
+    that silently never land; now Claims.open (the launcher's start: exit 2)
+    says so in one line."""
+    import shutil
+    import tempfile
+
+    from determined_launch.errors import LaunchError
+
+    base = Path(tempfile.mkdtemp(prefix="det-claims-"))
+    try:
+        base.chmod(0o755)
+        run = base / "run"
+        run.mkdir(mode=0o755)  # root's: the other user may read it, not write it
+        os.setegid(other_user[1])
+        os.seteuid(other_user[0])
+        try:
+            with pytest.raises(LaunchError) as e:
+                Claims.open(run, SECRET, 2)
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+        assert str(e.value) == (f"run directory {run}: cannot create {run}/generations: "
+                                f"Permission denied; --min-nodes keeps its nodes' claims there "
+                                f"(set DET_RUN_DIR to a directory this user can write)")
+        (run / "generations").mkdir(mode=0o755)  # there, and still not writable
+        os.setegid(other_user[1])
+        os.seteuid(other_user[0])
+        try:
+            with pytest.raises(LaunchError, match=r"cannot write in .*/generations: Permission "
+                                                  r"denied; --min-nodes"):
+                Claims.open(run, SECRET, 2)
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+        Claims.open(run, SECRET, 2)  # its owner may
     finally:
         shutil.rmtree(base)

@@ -115,6 +115,41 @@ def test_a_node_the_others_continue_without_does_not_start_again() -> None:
                      "which it lost")
 
 
+def test_a_node_that_ran_generations_keeps_their_record_when_it_takes_a_later_one() -> None:
+    """Issue 35 §0.5: a node superseded by a generation that takes it in
+    (``_take``) summarized the generations it had run itself as 'a generation
+    this node missed'. Its own record stays; only missed ones are stand-ins."""
+    node = judges(3)[1]
+    node.decide(3, Failure(3, "rank 0", 0, "h0", 1.0))  # generation 0: it ran it
+    node.join_at(3, (0, 1), C4, used=3)  # generations 1, 2 ran without it
+    causes = [a.cause for a in node.attempts]
+    assert causes[0] == "rank 0 on node 0 (h0) exited with status 3"
+    assert causes[1:] == ["a generation this node missed"] * 2
+    assert node.used() == 3
+    fresh = judges(2)[1]  # a node that ran nothing here rejoins: stand-ins only
+    fresh.join_at(2, (0, 1), C4, used=1)
+    assert [a.cause for a in fresh.attempts] == ["a generation this node missed", ""]
+    assert fresh.used() == 1
+
+
+def test_a_launcher_that_was_stopped_does_not_call_its_peers_lost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35 §0.5: a launcher resumed by SIGCONT judged its peers by its
+    own frozen time ('was lost (no heartbeat)', 'killed or crashed'); a pass
+    of its reader that took half a heartbeat timeout is its own pause."""
+    from determined_launch.supervisor import control
+
+    clock = [100.0]
+    monkeypatch.setattr(control.time, "monotonic", lambda: clock[0])
+    pauses = control._Pauses()
+    clock[0] += 0.5
+    assert not pauses.tick() and pauses.why("was lost (x)") == "was lost (x)"
+    clock[0] += 15.0  # SIGSTOP ... SIGCONT
+    assert pauses.tick()
+    assert pauses.why("was lost (x)") == ("hung up while this launcher was not running for 15s "
+                                          "(stopped or starved): it saw this launcher silent")
+
+
 def test_members_cross_the_wire_and_bind_the_secret() -> None:
     d = decide(2, [lost((0, 1, 2), (2,))], NONE, min_nodes=2)
     assert Decision.from_message(d.to_message()) == d
@@ -142,6 +177,74 @@ def test_messages_name_nodes_by_their_original_rank() -> None:
     # the chief's record maps it back to the same node
     j = generations.Restarts(2, lambda: C4, NONE, (1, 2), 1, min_nodes=1)
     assert j.decide(1, verdict.cause).members == (1,)
+
+
+def test_each_generation_has_its_own_ports() -> None:
+    """Issue 35 §0.3: every generation used C10D_PORT..+2, so a SIGSTOPped
+    chief on a host the next chief shares kept the control port and the
+    next chief could not lead (it called itself lost)."""
+    ports = [generations.generation_ports(29400, g) for g in range(generations.PORT_CYCLE)]
+    assert ports[0] == (29400, 29401, 29402)
+    flat = [p for three in ports for p in three]
+    assert len(set(flat)) == len(flat) and 29403 not in flat  # +3: the gang channel
+    assert generations.generation_ports(29400, generations.PORT_CYCLE) == ports[0]
+    assert generations.generation_ports(65533, 1) == (65529, 65530, 65531)
+
+
+def test_a_frozen_chief_holds_only_its_own_generations_port(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stopped process holds generation 0's control port (the frozen chief):
+    generation 1's chief on the same host listens on its own; one that finds
+    its port taken says by whom and does not call itself lost."""
+    import shutil
+    import subprocess
+
+    from determined_launch.backends.plan import LaunchPlan, ProcessSpec
+    from determined_launch.runtime import make_runtime
+    from determined_launch.supervisor import Supervisor, SupervisorConfig
+    from determined_launch.supervisor.control import ChiefLink, ControlError
+
+    base = free_port_block(12)
+    env = {"C10D_PORT": str(base), "DET_DIST_SECRET": "u" * 32}
+    info = ClusterInfo(("127.0.0.1", "127.0.0.1"), 0, (1, 1), (0,), "test")
+    gen0, gen1 = (make_runtime(info, env, generation=g) for g in (0, 1))
+    shutil.rmtree(gen0.job_dir)
+    hold = ("import os, signal, socket, sys\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+            "print('held', flush=True); os.kill(os.getpid(), signal.SIGSTOP)")
+    frozen = [subprocess.Popen([sys.executable, "-c", hold, str(p)], stdout=subprocess.PIPE,
+                               text=True) for p in (gen0.control_port, gen1.control_port + 4)]
+    try:
+        for f in frozen:
+            assert f.stdout is not None and f.stdout.readline() == "held\n"
+        assert gen1.control_port != gen0.control_port
+        ChiefLink("127.0.0.1", gen1.control_port, 2, "u" * 32).close()  # old code: in use
+        with pytest.raises(ControlError, match=rf"\(held by pid {frozen[0].pid} "
+                                               rf"\(python[0-9.]*, stopped\)\)"):
+            ChiefLink("127.0.0.1", gen0.control_port, 2, "u" * 32)
+        # generation 2's chief finds its port taken (by the second frozen process)
+        gen2 = make_runtime(info, env, generation=2, members=(0, 1))
+        judge = generations.Restarts(3, lambda: C4, NONE, (0, 1), 0, 1)
+        plan = LaunchPlan((ProcessSpec((sys.executable, "-c", "pass"), "cmd"),))
+        sup = Supervisor(plan, info, gen2, SupervisorConfig(connect_timeout=0.3),
+                         restarts=judge, members=(0, 1))
+        try:
+            assert sup.run() == 1
+        finally:
+            shutil.rmtree(gen2.job_dir, ignore_errors=True)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, sup.deferred)
+        why = sup.decision.why
+        assert not sup.decision.restart
+        assert why.startswith("not restarting: this node cannot lead the job's generation here: "
+                              f"cannot listen on 127.0.0.1:{gen2.control_port}")
+        assert f"(held by pid {frozen[1].pid} (python" in why and "lost" not in why
+        assert why in capsys.readouterr().err
+    finally:
+        shutil.rmtree(gen1.job_dir, ignore_errors=True)
+        for f in frozen:
+            f.kill()
+            f.wait()
 
 
 @pytest.mark.parametrize("min_nodes", [1, None])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import socket
 import threading
 import time
@@ -46,6 +47,31 @@ def _closed(peer: str) -> str:
 
 
 _SILENT = f"was lost (no heartbeat for {HEARTBEAT_TIMEOUT:g}s)"
+
+
+class _Pauses:
+    """Notices that this process itself did not run (SIGSTOP, starvation):
+    a pass of a reader loop (0.5 s each) that took much longer. A peer is
+    not judged silent over time this launcher was frozen, and a peer that
+    hung up meanwhile is not called killed or crashed: it saw us silent."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.gap = 0.0
+
+    def tick(self) -> bool:
+        now = time.monotonic()
+        gap, self.last = now - self.last, now
+        if gap < HEARTBEAT_TIMEOUT / 2:
+            return False
+        self.gap = gap
+        return True
+
+    def why(self, why: str) -> str:
+        if not self.gap:
+            return why
+        return (f"hung up while this launcher was not running for {self.gap:.0f}s (stopped or "
+                f"starved): it saw this launcher silent")
 
 
 class ControlError(LaunchError):
@@ -188,17 +214,20 @@ class ChiefLink(ControlLink):
         """Serve one node until it leaves; returns how it was lost."""
         stream.sock.settimeout(0.5)
         last_heard = time.monotonic()
+        pauses = _Pauses()
         while not self._stop.is_set():
             msgs = stream.recv_lines()
+            if pauses.tick():
+                last_heard = time.monotonic()
             if msgs is None:
                 stream.close()
-                return _closed(self.peer)
+                return pauses.why(_closed(self.peer))
             if msgs:
                 last_heard = time.monotonic()
             for msg in msgs:
                 if msg.get("type") == Kind.BYE:
                     stream.close()
-                    return _closed(self.peer)
+                    return pauses.why(_closed(self.peer))
                 if msg.get("type") != Kind.HEARTBEAT:
                     msg["node"] = node  # trust the authenticated connection, not the body
                     self.inbox.append(msg)
@@ -270,9 +299,13 @@ class NodeLink(ControlLink):
             return
         last_heard = time.monotonic()
         why = _closed(self.peer)
+        pauses = _Pauses()
         while not self._stop.is_set():
             msgs = self.stream.recv_lines()
+            if pauses.tick():
+                last_heard = time.monotonic()
             if msgs is None:
+                why = pauses.why(why)
                 break
             if msgs:
                 last_heard = time.monotonic()
@@ -343,10 +376,50 @@ def _listen(host: str, port: int, peer: str) -> socket.socket:
             last_error = e
             if e.errno == 98:  # EADDRINUSE: binding elsewhere won't help
                 break
+    held = port_holder(port) if isinstance(last_error, OSError) and last_error.errno == 98 else None
+    by = f" (held by {held})" if held else ""
     raise ControlError(
-        f"cannot listen on {host}:{port} for the {peer}s' control channel: {last_error}; "
-        "the launcher uses C10D_PORT, C10D_PORT+1 and C10D_PORT+2 - set C10D_PORT to move them"
+        f"cannot listen on {host}:{port} for the {peer}s' control channel: {last_error}{by}; "
+        "the launcher uses C10D_PORT and the next two (each later generation its own three) - "
+        "set C10D_PORT to move them"
     )
+
+
+def port_holder(port: int) -> Optional[str]:
+    """Who listens on TCP ``port`` on this host, if this user may see it:
+    ``pid N (name)``, from ``/proc`` (Linux); ``None`` if unknown."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = [line.split() for line in f.readlines()[1:2049]]
+        except (OSError, ValueError):
+            continue
+        for row in rows:  # local address "HEX:PORT", state 0A is LISTEN, inode 10th
+            if len(row) > 9 and row[3] == "0A" and row[1].rsplit(":", 1)[-1] == f"{port:04X}":
+                inodes.add(f"socket:[{row[9]}]")
+    if not inodes:
+        return None
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                    name = f.read(64).strip()
+                return f"pid {pid} ({name}{_state(pid)})"
+        except OSError:
+            continue
+    return None
+
+
+def _state(pid: str) -> str:
+    """``, stopped`` for a stopped process (a SIGSTOPped launcher still holds its ports)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read(512).rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return ", stopped" if state in ("T", "t") else ""
 
 
 def _connect(host: str, port: int, link: NodeLink, timeout: float

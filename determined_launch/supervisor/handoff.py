@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 from determined_launch.errors import EXIT_PREEMPTED
 from determined_launch.supervisor.control import ChiefLink, ControlLink
-from determined_launch.supervisor.events import Failure, Kind, Message, Settings, message
+from determined_launch.supervisor.events import Failure, Kind, Message, Role, Settings, message
+from determined_launch.supervisor.peers import UNREACHED
 from determined_launch.supervisor.restarts import Decision, RestartJudge
 
 _POLL = 0.05
@@ -95,12 +96,27 @@ def node_decides(link: ControlLink, judge: RestartJudge, status: int, cause: Opt
     return judge.decide(status, cause, frozenset({0}), asking)
 
 
+def no_link(judge: RestartJudge, s: Settings, error: Exception) -> Decision:
+    """This generation's control channel could not be opened (``error``): a
+    chief that cannot listen (its port is taken) says so and does not lead
+    it, never calling itself lost; a node decides without the chief."""
+    if s.role != Role.CHIEF:
+        return chief_unreachable(judge, s, error)
+    # recorded as this generation's loss of its chief, so the others' continuing is the job's
+    # (and this node does not end it for them)
+    cause = Failure(1, "the chief's launcher", s.ident(0), s.addr(0), time.time(),
+                    how="could not listen")
+    decision = judge.decide(1, cause, frozenset({0}))
+    return Decision(False, f"not restarting: this node cannot lead the job's generation here: "
+                           f"{error}; exit status 1", history=decision.history)
+
+
 def chief_unreachable(judge: RestartJudge, s: Settings, error: Exception) -> Decision:
     """Node: this generation's chief never answered (``error``), so no worker
     started: decide alone, as for the chief's loss (with ``--min-nodes``, a
     survivor chosen as chief that died too is skipped). Not restarting says
     why and how the job ended, in one line."""
-    how = f"could not be reached within its connect timeout ({str(error).split(' (')[0]})"
+    how = f"{UNREACHED} within its connect timeout ({str(error).split(' (')[0]})"
     cause = Failure(1, "the chief's launcher", s.ident(0), s.addr(0), time.time(), how=how)
     decision = judge.decide(1, cause, frozenset({0}))
     if decision.restart:

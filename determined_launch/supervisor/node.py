@@ -120,7 +120,7 @@ class Supervisor:
                     raise
                 from determined_launch.supervisor import handoff
 
-                self.decision = handoff.chief_unreachable(self.restarts, self.verdict.s, e)
+                self.decision = handoff.no_link(self.restarts, self.verdict.s, e)
                 print(f"det-launch: {self.decision.why}", file=sys.stderr, flush=True)
                 return 1
             self.processes.start(

@@ -24,6 +24,9 @@ from determined_launch.supervisor.events import (
     pick_cause,
 )
 
+#: how a chief that never answered is described (``handoff.chief_unreachable``)
+UNREACHED = "could not be reached"
+
 if TYPE_CHECKING:  # verdict.py imports this module
     from determined_launch.supervisor.verdict import Verdict
 
