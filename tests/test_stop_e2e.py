@@ -107,7 +107,7 @@ def test_signal_to_either_launcher_of_two_nodes_stops_both(
 # (50 runs cost 88 s of the suite's ~20 minutes for 0.3 %).
 @pytest.mark.timeout(600)
 def test_missing_script_names_a_genuine_failure_never_our_term_30_times(
-    launches: list[Launch],
+    tmp_path: Path, launches: list[Launch],
 ) -> None:
     """Both ranks fail at once; torchrun would stop the survivor. The verdict
     is status 2 every time, never the TERM of a teardown (issue 11's defect:
@@ -115,8 +115,10 @@ def test_missing_script_names_a_genuine_failure_never_our_term_30_times(
     # Two at a time: half the wall time on 2 cores, and the extra load only makes the
     # race this guards against likelier.
     for first in range(0, 30, 2):
+        # each its own run directory: one live job per run directory (run_lease.py)
         pair = [Launch(launcher_cmd(sys.executable, "/nonexistent/script.py"),
-                       base_env(DET_LAUNCH_SLOTS="2")) for _ in range(2)]
+                       base_env(DET_LAUNCH_SLOTS="2", DET_RUN_DIR=str(tmp_path / f"run{i}")))
+                for i in range(first, first + 2)]
         launches.extend(pair)
         for attempt, launch in enumerate(pair, start=first):
             status = launch.wait(60)
