@@ -95,14 +95,7 @@ def test_a_failed_trial_shows_the_end_of_its_output(tree: pathlib.Path) -> None:
     from determined_launch.ui.api import Api
 
     exp = tree / "det_experiments" / NAME
-    journal = exp / "study.journal"
-    import optuna
-
-    from determined_launch.experiment import searchers as se
-
-    study = optuna.load_study(study_name=NAME, storage=se.open_storage(None, str(journal)))
-    trial = study.trials[3]  # the running one: its worker raised, the driver marked it
-    study._storage.set_trial_user_attr(trial._trial_id, "det_failed", True)
+    _set_attr(exp, 3, "det_failed", True)  # the running one: its worker raised
     (exp / "trials" / "4" / "output.log").write_text(
         "[rank=0] Traceback (most recent call last):\n[rank=0] ValueError: bad batch\n"
         "det-launch: job failed: rank 0 exited with status 1 first; exit status 1\n")
@@ -145,6 +138,24 @@ def test_kill_and_activate_under_pauses_rules(tree: pathlib.Path) -> None:
         assert (exp / "trials" / "4" / "preempt").exists()  # its running trial stops now
     finally:
         s.stop()
+    # its worker gone, the trial is not "paused, resumable": the experiment is canceled
+    _set_attr(exp, 3, "det_owner", "")
+    from determined_launch.ui.api import Api
+
+    api = Api([str(root)])
+    four = api.trial(NAME, 4) or {}
+    assert four["state"] == "canceled" and four["ended"].startswith("canceled")
+    assert (api.experiment(NAME) or {})["state"] == "canceled"
+
+
+def _set_attr(exp: pathlib.Path, number: int, key: str, value: object) -> None:
+    import optuna
+
+    from determined_launch.experiment import searchers as se
+
+    study = optuna.load_study(study_name=NAME,
+                              storage=se.open_storage(None, str(exp / "study.journal")))
+    study._storage.set_trial_user_attr(study.trials[number]._trial_id, key, value)
 
 
 def test_the_pages_say_not_found_and_show_the_asha_pill(served: Served) -> None:

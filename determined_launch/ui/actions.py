@@ -29,6 +29,7 @@ directories without following a symlink.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -104,6 +105,10 @@ def det_verb(api: Api, name: str, verb: str) -> Optional[dict[str, Any]]:
                           "det-launch experiment command (Ctrl-C stops it, rerunning resumes)")
     if verb == "activate":
         _check_own(exp_dir, name)
+        pid = _driver_running(exp_dir, api)
+        if pid is not None:  # det would say "activated" and do nothing: the driver still stops
+            raise ActionError(f"experiment {name} is still stopping (its driver, pid {pid}, "
+                              "has not exited yet); activate it once it is paused")
     env = {**os.environ, "DET_EXPERIMENTS_DIR": os.path.dirname(exp_dir)}
     try:
         done = subprocess.run(  # noqa: S603 (our own CLI, fixed arguments)
@@ -119,6 +124,20 @@ def det_verb(api: Api, name: str, verb: str) -> Optional[dict[str, Any]]:
         raise ActionError(last or f"det experiment {verb} {exp_id}: exit status "
                           f"{done.returncode}")
     return {"experiment": name, "id": exp_id, "action": verb, "message": last}
+
+
+def _driver_running(exp_dir: str, api: Api) -> Optional[int]:
+    """The pid of the experiment's detached driver if it still runs on this host."""
+    record = files.read_json(os.path.join(exp_dir, DRIVER_RECORD), api.roots) or {}
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or isinstance(pid, bool) or not isinstance(
+            pid, int) or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # a reused pid is not the driver
+            return pid if b"determined_launch" in f.read(1 << 16) else None
+    except OSError:
+        return None
 
 
 def _check_own(exp_dir: str, name: str) -> None:

@@ -84,7 +84,7 @@ class Api:
         best: Optional[dict[str, Any]] = None
         starts, ends, now = [], [], time.time()
         for t in trials:
-            st = report.state_of(t, now)
+            st = outcome.unless_killed(report.state_of(t, now), exp_dir)
             counts[st] = counts.get(st, 0) + 1
             value = report.best_value(t, smaller) if st != "invalid hparams" else None
             if value is not None and math.isfinite(value) and (
@@ -96,6 +96,8 @@ class Api:
                 ends.append(t.datetime_complete.timestamp())
         state = _experiment_state(counts, _count(searcher.get("max_trials"), "max_trials"),
                                   error)
+        if state != "running" and outcome.killed(exp_dir):
+            state = "canceled"  # killed (det e kill, the page's Kill): never activated again
         end = time.time() if state == "running" else (max(ends) if ends else None)
         start = min(starts) if starts else None
         return shape.finite({

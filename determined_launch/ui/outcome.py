@@ -11,6 +11,7 @@ lines become a history of events, each said once, in those words.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -24,6 +25,19 @@ _SAW_PREEMPT = re.compile(r"^det-launch[^:]*: the launcher saw the preemption ")
 SEARCHER_STOPS = ("done", "pruned")
 #: a state -> the CSS class the pages give it (a state like "stopped (ASHA)" has spaces)
 _SLUG = re.compile(r"[^a-z0-9]+")
+
+
+#: det/state.py's mark of a killed experiment (Determined's CANCELED)
+KILLED = "det_killed"
+
+
+def killed(exp_dir: str) -> bool:
+    return os.path.lexists(os.path.join(exp_dir, KILLED))
+
+
+def unless_killed(state: str, exp_dir: str) -> str:
+    """A trial left paused in a killed experiment is canceled: nothing resumes it."""
+    return "canceled" if state == "paused" and killed(exp_dir) else state
 
 
 def slug(state: str) -> str:
@@ -43,6 +57,8 @@ def trial_ended(state: str, length: Optional[int], stop_reason: Optional[str],
         ended = f"stopped by the searcher (ASHA){at}"
     elif state == "paused":
         ended = "paused: checkpointed, resumable (activate it, or rerun its command)"
+    elif state == "canceled":
+        ended = "canceled: its experiment was killed"
     elif state == "failed":
         ended = "errored" + (f" (exit status {exit_status})" if exit_status else "")
     elif state == "invalid hparams":

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from determined_launch.common.redact import printable
 from determined_launch.exproot import trial_id_of
-from determined_launch.ui import shape
+from determined_launch.ui import outcome, shape
 from determined_launch.ui.runs import RunReader
 
 
@@ -26,10 +26,10 @@ def _ts(dt: Any) -> Optional[float]:
     return dt.timestamp() if dt is not None else None
 
 
-def _trial_state(t: Any) -> str:
+def _trial_state(t: Any, exp_dir: str) -> str:
     from determined_launch.experiment import report
 
-    return str(report.state_of(t))
+    return outcome.unless_killed(str(report.state_of(t)), exp_dir)
 
 
 #: one encoder for every row (``json.dumps`` with options builds one per call)
@@ -129,7 +129,7 @@ class TrialRows:
         values = t.intermediate_values
         length = max(values) if values else None
         row: dict[str, Any] = {
-            "trial_id": trial_id_of(t), "state": _trial_state(t),
+            "trial_id": trial_id_of(t), "state": _trial_state(t, exp_dir),
             # Optuna's own number (optuna-dashboard's "Trial N"): ids are root-wide
             "optuna_number": int(t.number),
             "hparams": shape.redact(report.hparams_of(t)),
