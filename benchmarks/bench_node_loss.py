@@ -1,6 +1,6 @@
 """From the SIGKILL of a node's launcher to training again on the survivors.
 
-    python benchmarks/bench_node_loss.py [--reps 3] [--nodes 3]
+    python benchmarks/bench_node_loss.py [--reps 3] [--nodes 3] [--kinds "Core API,Trainer DDP"]
 
 Simulated nodes on loopback (one ``det-launch --max-restarts 9 --min-nodes
 1 exec`` per node, one Core API worker each, combining a number per step over
@@ -14,8 +14,13 @@ chief, alternately); the survivors' lines are time-stamped as they arrive:
   ``DistributedContext`` and restored the checkpoint (``resumed`` line);
 * *training*: it finished its first step on the new membership.
 
+Two worker kinds in one run (``--kinds``): the tiny Core API worker above, and
+a PyTorch Trainer worker (DDP over gloo under ``det-launch torch``, a checkpoint
+every 10 batches), whose new generation also imports torch, builds its process
+group and DDP model and restores before its first batch (issue 35 §0).
+
 Target (issue 27): SIGKILL to training again <= 15 s plus the checkpoint load.
-The checkpoint here is a few bytes, so *resumed* is the launcher's part.
+The checkpoints here are a few bytes, so *resumed* is the launcher's part.
 """
 
 from __future__ import annotations
@@ -63,6 +68,58 @@ with det.core.init(distributed=dist) as ctx:
         time.sleep(0.02)
 """
 
+#: the same measurement with a PyTorch Trainer worker: DDP over gloo (one rank per node, under
+#: ``det-launch torch``), a checkpoint every 10 batches; the new generation's time to its first
+#: batch includes importing torch, the process group and DDP's setup, and the restore
+TRAINER = r"""
+import sys, time
+import torch
+from torch import nn
+import determined_launch as det
+from determined_launch import pytorch
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 1 << 20
+    def __getitem__(self, i): return torch.full((8,), float(i % 7)), torch.tensor([float(i % 5)])
+
+class Trial(pytorch.PyTorchTrial):
+    first = True
+    def __init__(self, context):
+        self.context = context
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.model = context.wrap_model(net)
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=1e-3))
+    def build_training_data_loader(self):
+        return pytorch.DataLoader(Data(), batch_size=self.context.get_per_slot_batch_size())
+    def build_validation_data_loader(self):
+        return pytorch.DataLoader(Data(), batch_size=self.context.get_per_slot_batch_size())
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        if batch_idx == 25 and self.context.distributed.rank == 0:
+            print("checkpoint 20", flush=True)  # the Trainer committed batch 20's
+        x, y = batch
+        loss = nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        if Trial.first:
+            print(f"trained {time.time()!r}", flush=True)
+            Trial.first = False
+        time.sleep(0.02)
+        return {"loss": loss}
+    def evaluate_batch(self, batch):
+        return {"loss": 0.0}
+
+info = det.get_cluster_info()
+with pytorch.init(hparams={"global_batch_size": 8 * len(info.container_addrs)}) as ctx:
+    print(f"resumed {time.time()!r}", flush=True)
+    trainer = pytorch.Trainer(Trial(ctx), ctx)
+    trainer.fit(max_length=pytorch.Batch(100000), latest_checkpoint=info.latest_checkpoint,
+                checkpoint_period=pytorch.Batch(10), validation_period=pytorch.Batch(1000000),
+                reporting_period=pytorch.Batch(10))
+"""
+#: per worker kind: its script, the backend it runs under, the line its chief prints once a
+#: checkpoint is committed
+KINDS = {"Core API": (WORKER, "exec"), "Trainer DDP": (TRAINER, "torch")}
+
 
 def free_base() -> int:
     while True:
@@ -103,11 +160,12 @@ class Node:
         return None
 
 
-def one(nodes_n: int, victim: int, work: str) -> dict[str, float]:
+def one(nodes_n: int, victim: int, work: str, kind: str) -> dict[str, float]:
     run = tempfile.mkdtemp(prefix="bench-node-loss-", dir=work)
     script = os.path.join(run, "worker.py")
+    source, backend = KINDS[kind]
     with open(script, "w") as f:
-        f.write(WORKER)
+        f.write(source)
     port = free_base()
     nodes: list[Node] = []
     try:
@@ -121,7 +179,7 @@ def one(nodes_n: int, victim: int, work: str) -> dict[str, float]:
                        DET_DIST_SECRET="b" * 32, DET_RUN_DIR=os.path.join(run, "run"),
                        DET_KILL_AFTER="3", DET_LAUNCH_CONNECT_TIMEOUT="30")
             nodes.append(Node([sys.executable, "-m", "determined_launch.cli", "--max-restarts",
-                               "9", "--min-nodes", "1", "exec", "--", sys.executable, script],
+                               "9", "--min-nodes", "1", backend, "--", sys.executable, script],
                               env))
         chief = nodes[0]
         deadline = time.monotonic() + 120
@@ -162,14 +220,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help=f"worker kinds, comma-separated ({', '.join(KINDS)}): both by default, "
+                        f"in one run")
     args = p.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",")]
     work = tempfile.mkdtemp(prefix="bench-node-loss-")
-    results: dict[str, list[dict[str, float]]] = {"worker node": [], "chief": []}
+    results: dict[tuple[str, str], list[dict[str, float]]] = {
+        (k, w): [] for k in kinds for w in ("worker node", "chief")}
     cpu0 = os.times()
     try:
         for _ in range(args.reps):
-            results["worker node"].append(one(args.nodes, args.nodes - 1, work))
-            results["chief"].append(one(args.nodes, 0, work))
+            for kind in kinds:
+                results[kind, "worker node"].append(one(args.nodes, args.nodes - 1, work, kind))
+                results[kind, "chief"].append(one(args.nodes, 0, work, kind))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     cpu1 = os.times()
@@ -177,11 +241,11 @@ def main() -> int:
            - cpu0.children_user - cpu0.children_system)
     print(f"{args.nodes} simulated nodes, load average {os.getloadavg()[0]:.1f}, "
           f"children's CPU {cpu:.1f} s")
-    for what, rows in results.items():
+    for (kind, what), rows in results.items():
         for key in ("decided", "resumed", "training"):
             xs = [r[key] for r in rows]
-            print(f"{what:12s} SIGKILL -> {key:9s} median {statistics.median(xs):6.2f} s  "
-                  f"min {min(xs):6.2f}  max {max(xs):6.2f}")
+            print(f"{kind:11s} {what:12s} SIGKILL -> {key:9s} median "
+                  f"{statistics.median(xs):6.2f} s  min {min(xs):6.2f}  max {max(xs):6.2f}")
     return 0
 
 
