@@ -100,7 +100,7 @@ class Context:
         preempted = bool(getattr(self.preempt, "_decided", False))
         reason = self._stop_reason() if preempted and self._trackers is not None else None
         self._final_state = final_state(exc, preempted, reason)
-        self.close()
+        self.close(exc_type, exc, _tb)
         if exc_type is None:
             note_finished(self.distributed.rank)
         if isinstance(exc, InvalidHP):
@@ -117,6 +117,10 @@ class Context:
         return str(pointer.get("reason")) if pointer else None
 
     def close(self, *_exc_info: Any) -> None:
+        # A background checkpoint save finishes first (preemption and the end
+        # of training wait for it); its failure is one line, raised unless
+        # another error is already on its way out.
+        save_failed = self.checkpoint._drain()
         self.profiler._close()
         if self._tensorboard is not None:
             self._tensorboard.close()
@@ -125,6 +129,8 @@ class Context:
         _progress.stop()
         self.preempt.close()
         self.distributed.close()
+        if save_failed is not None and not (_exc_info and _exc_info[0] is not None):
+            raise save_failed
 
     def alert(
         self,

@@ -27,6 +27,13 @@ from typing import Any, Optional
 
 from determined_launch import rundir
 from determined_launch.core import _ckpt_shard as shard_logic
+from determined_launch.core._async_save import (
+    BackgroundSaver,
+    CheckpointSaveError,
+    SaveFuture,
+    WriteFn,
+    save_body,
+)
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
 from determined_launch.core.storage.base import (
@@ -40,8 +47,8 @@ from determined_launch.core.storage.directory import DirectoryStorage
 
 logger = logging.getLogger("determined_launch.core")
 
-__all__ = ["METADATA_FILE", "PARTIAL_PREFIX", "CheckpointContext", "DownloadMode",
-           "merge_metadata"]
+__all__ = ["METADATA_FILE", "PARTIAL_PREFIX", "CheckpointContext", "CheckpointSaveError",
+           "DownloadMode", "merge_metadata"]
 
 #: Run-directory pointer to the newest checkpoint this run committed.
 LATEST_POINTER = rundir.POINTER
@@ -87,6 +94,8 @@ class CheckpointContext:
         #: resolution) decided the resume point: ``latest()`` answers it until
         #: this run commits, so the Trainer's "latest" is the launcher's (--fresh too)
         self._resolved_latest = resolved_latest
+        #: The background save in flight (``asynchronous=True``, ``save_async``).
+        self._saver = BackgroundSaver()
 
     @contextlib.contextmanager
     def outside_lineage(self) -> Iterator[None]:
@@ -116,7 +125,8 @@ class CheckpointContext:
     # --- writing -----------------------------------------------------------
 
     def store_path(
-        self, metadata: Optional[Mapping[str, Any]] = None, *, shard: bool = False
+        self, metadata: Optional[Mapping[str, Any]] = None, *, shard: bool = False,
+        asynchronous: bool = False,
     ) -> contextlib.AbstractContextManager[tuple[pathlib.Path, str]]:
         """Context manager yielding ``(path, storage_id)``: save your files into ``path``.
 
@@ -134,7 +144,17 @@ class CheckpointContext:
         are stored. Metadata from all ranks is merged. If any rank's block
         raised, no rank commits: that rank re-raises its error and the
         others raise ``RuntimeError``.
+
+        ``asynchronous=True`` (chief only, not with ``shard``): the block's
+        files are the consistent copy; the upload and the commit run on a
+        thread after the block exits (see ``save_async``). On a directory
+        storage the files are written in place, so only the commit is deferred.
         """
+        if asynchronous:
+            if shard:
+                raise ValueError("checkpoint.store_path(shard=True, asynchronous=True): sharded "
+                                 "saves are synchronous; drop one of the two")
+            return self._store_async(metadata)
         if shard:
             return self._store_sharded(metadata)
         return self._store_single(metadata, "checkpoint.store_path(shard=False)")
@@ -145,6 +165,7 @@ class CheckpointContext:
     ) -> Iterator[tuple[pathlib.Path, str]]:
         require_chief(self._dist, what)
         metadata = merge_metadata([metadata or {}])  # fail early on unserializable metadata
+        self._saver.wait()  # a background save in flight finishes (or fails) first
         storage_id = str(uuid.uuid4())
         staging = self._backend.begin(storage_id)
         try:
@@ -157,6 +178,54 @@ class CheckpointContext:
             raise
         finally:
             self._backend.release(storage_id, staging)
+
+    @contextlib.contextmanager
+    def _store_async(self, metadata: Optional[Mapping[str, Any]]
+                     ) -> Iterator[tuple[pathlib.Path, str]]:
+        storage_id, staging, commit = self._begin_async(metadata, "store_path(asynchronous=True)")
+        try:
+            yield staging, storage_id
+        except BaseException:
+            self._backend.abort(storage_id)
+            self._backend.release(storage_id, staging)
+            raise
+        self._saver.submit(storage_id, save_body(self._backend, storage_id, staging, None,
+                                                 _user_files, commit))
+
+    def save_async(self, write: WriteFn, metadata: Optional[Mapping[str, Any]] = None
+                   ) -> SaveFuture:
+        """Chief only: a new checkpoint whose files ``write(path)`` writes on a
+        thread, which then uploads and commits it; returns at once a future of
+        its storage id (``.storage_id``). ``write`` must read only data the
+        caller no longer changes (a copy). One save in flight: this waits for
+        the previous one and raises ``CheckpointSaveError`` if it failed (as
+        ``wait()`` does; closing the core context logs and raises it)."""
+        storage_id, staging, commit = self._begin_async(metadata, "checkpoint.save_async()")
+        return self._saver.submit(storage_id, save_body(self._backend, storage_id, staging,
+                                                        write, _user_files, commit))
+
+    def wait(self) -> Optional[str]:
+        """Wait for the background save in flight; its storage id, or None when
+        there was none. Raises ``CheckpointSaveError`` if it failed."""
+        return self._saver.wait()
+
+    def _drain(self) -> Optional[CheckpointSaveError]:
+        """At exit: finish the save in flight; its failure is logged and returned."""
+        return self._saver.drain()
+
+    def _begin_async(self, metadata: Optional[Mapping[str, Any]], what: str
+                     ) -> tuple[str, pathlib.Path, Any]:
+        require_chief(self._dist, what)
+        metadata = merge_metadata([metadata or {}])
+        self._saver.wait()  # one save in flight; the previous one's error surfaces here
+        storage_id = str(uuid.uuid4())
+        staging = self._backend.begin(storage_id)
+        detached = self._detached  # decided now, not when the thread commits
+
+        def commit(files: Mapping[str, int]) -> None:
+            self._commit(storage_id, metadata, files, detached=detached)
+
+        return storage_id, staging, commit
 
     def _begin_sharded(self) -> tuple[str, pathlib.Path, Optional[BaseException]]:
         """Every rank: the shared storage id, this rank's staging directory,
@@ -301,8 +370,8 @@ class CheckpointContext:
         return storage_id
 
     def _commit(self, storage_id: str, metadata: Mapping[str, Any],
-                files: Mapping[str, int]) -> None:
-        if self._detached:
+                files: Mapping[str, int], *, detached: Optional[bool] = None) -> None:
+        if self._detached if detached is None else detached:
             self._backend.commit(storage_id, metadata, files)
             logger.info("committed checkpoint %s to %s outside this run's lineage (a rerun does "
                         "not resume from it)", storage_id, self._backend.url)

@@ -292,10 +292,13 @@ class Trainer:
         step_zero_validation: bool = False,
         test_mode: bool = False,
         profiling_enabled: bool = False,
+        async_checkpoints: bool = False,
     ) -> None:
         """Train until ``max_length``, validating, checkpointing and reporting at
         the given periods; returns early (after a checkpoint) on preemption or
-        ``context.set_stop_requested(True)``."""
+        ``context.set_stop_requested(True)``. ``async_checkpoints``: training
+        pauses only to copy the state to CPU memory; the save runs on a thread
+        (one at a time), and fit() returns once the last one is committed."""
         checkpoint_period = checkpoint_period or Batch(sys.maxsize)
         validation_period = validation_period or Batch(sys.maxsize)
         for value, name in ((checkpoint_period, "checkpoint_period"),
@@ -382,11 +385,21 @@ class Trainer:
             global_batch_size=self._context._global_batch_size,
             profiling_enabled=profiling_enabled,
         )
-        if test_mode:  # its checkpoint must never become the real run's newest
-            with self._core.checkpoint.outside_lineage():
+        checkpointer = getattr(controller, "checkpointer", None) if async_checkpoints else None
+        if checkpointer is not None:
+            checkpointer.asynchronous = True
+        try:
+            if test_mode:  # its checkpoint must never become the real run's newest
+                with self._core.checkpoint.outside_lineage():
+                    controller.run()
+            else:
                 controller.run()
-        else:
-            controller.run()
+        except BaseException:
+            if checkpointer is not None:
+                checkpointer.finish(quiet=True)
+            raise
+        if checkpointer is not None:
+            checkpointer.finish()  # the end of training (and a preemption) waits for the save
         self.last_validation_metrics = controller.last_validation_metrics
         self.latest_checkpoint = getattr(controller, "latest_storage_id", None) or resolved
 

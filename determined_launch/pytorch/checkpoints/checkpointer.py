@@ -1,7 +1,10 @@
 """``Checkpointer``: save and restore the loop's state (spec 3.10, format section 4).
 
-Saving goes through ``core_context.checkpoint.store_path`` (atomic commit);
-the files are Determined's, written by ``checkpoints.files``. The trial's
+Saving goes through ``core_context.checkpoint.store_path`` (atomic commit),
+or with ``asynchronous`` through ``save_async``: the state is copied to CPU
+memory (``snapshot.cpu_copy``) and written, uploaded and committed on a
+thread while training goes on. The files are Determined's, written by
+``checkpoints.files``. The trial's
 counters (``_TrialState``) belong to the loop: ``save`` takes them, ``load``
 returns them.
 """
@@ -9,6 +12,7 @@ returns them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import pathlib
@@ -17,9 +21,11 @@ from typing import Any, Optional
 
 import torch
 
+from determined_launch.core._async_save import CheckpointSaveError
 from determined_launch.core._rundir import read_jsonl
 from determined_launch.pytorch.api.trial import _state_from_dict, _TrialState
 from determined_launch.pytorch.checkpoints import files as cio
+from determined_launch.pytorch.checkpoints.snapshot import cpu_copy
 from determined_launch.pytorch.data.batch_sizes import resize_check
 
 logger = logging.getLogger("determined_launch.pytorch")
@@ -48,6 +54,11 @@ class Checkpointer:
         self.is_chief = context.distributed.rank == 0
         #: storage id of the newest checkpoint this checkpointer saved
         self.latest_storage_id: Optional[str] = None
+        #: fit(async_checkpoints=True): saves run in the background
+        self.asynchronous = False
+        self._in_flight: Optional[str] = None  # every rank: the async save not yet collected
+        #: the chief's last CPU copy, overwritten by the next (its save has finished by then)
+        self._snapshot: Any = None
 
     # ------------------------------------------------------------ where
     @contextlib.contextmanager
@@ -107,43 +118,85 @@ class Checkpointer:
     # ------------------------------------------------------------ save
     def save(self, state: _TrialState, already_exiting: bool) -> str:
         """Checkpoint at ``state.batches_trained`` (all ranks call it; the chief
-        writes); returns the storage id, on every rank."""
+        writes); returns the storage id, on every rank. Asynchronous: first
+        waits for the previous background save (its failure raises here, on
+        every rank), then returns once the state is copied."""
         state.last_ckpt = state.batches_trained
         dist = self.context.distributed
+        if self.asynchronous:
+            self.finish()
         uuid = ""
         if self.is_chief:
-            metadata = {
-                "determined_version": _version(),
-                "steps_completed": state.batches_trained,
-                "framework": f"torch-{torch.__version__}",
-                "format": "pickle",
-                "trial_id": self.trial_id,
-                "trial_seed": self.context._trial_seed,
-                # issue 27: a resume on another world size compares against these
-                "world_size": dist.size,
-            }
-            if self.context._global_batch_size is not None:
-                metadata["global_batch_size"] = self.context._global_batch_size
-            with self.core_context.checkpoint.store_path(metadata) as (path, storage_id):
-                self._save(pathlib.Path(path), state)
-                uuid = storage_id
+            metadata = self._metadata(state)
+            if self.asynchronous:
+                ckpt = self._snapshot = cpu_copy(self._state(), reuse=self._snapshot)
+                trial_state = copy.deepcopy(vars(state))
+                # collected by finish(): the next save, or the end of fit()
+                uuid = self.core_context.checkpoint.save_async(
+                    lambda path: self._write(path, ckpt, trial_state), metadata).storage_id
+            else:
+                with self.core_context.checkpoint.store_path(metadata) as (path, storage_id):
+                    self._write(pathlib.Path(path), self._state(), vars(state))
+                    uuid = storage_id
         if dist.size > 1:
             uuid = dist.broadcast(uuid)
         self.latest_storage_id = uuid
-        for callback in self.callbacks.values():
-            callback.on_checkpoint_upload_end(uuid=uuid)
+        if self.asynchronous:
+            self._in_flight = uuid
+        else:
+            self._uploaded(uuid)
         if already_exiting:
-            logger.info("saved checkpoint %s at batch %d before exiting", uuid,
-                        state.batches_trained)
+            logger.info("saved checkpoint %s at batch %d before exiting%s", uuid,
+                        state.batches_trained, " (in the background)" if self.asynchronous else "")
         return uuid
 
-    def _save(self, path: pathlib.Path, state: _TrialState) -> None:
+    def finish(self, *, quiet: bool = False) -> None:
+        """Every rank: wait for the background save in flight (the chief joins
+        it); its failure raises ``CheckpointSaveError`` on every rank.
+        ``quiet`` (an error is already on its way out): the chief only waits and
+        logs a failure, with no collective."""
+        failure: Optional[str] = None
+        if self.is_chief:
+            try:
+                self.core_context.checkpoint.wait()
+            except CheckpointSaveError as e:
+                if quiet:
+                    logger.error("%s", e)
+                failure = str(e)
+        if quiet:
+            return
+        if self.context.distributed.size > 1:
+            failure = self.context.distributed.broadcast(failure)
+        uuid, self._in_flight = self._in_flight, None
+        if failure is not None:
+            raise CheckpointSaveError(failure)
+        if uuid:
+            self._uploaded(uuid)
+
+    def _uploaded(self, uuid: str) -> None:
+        for callback in self.callbacks.values():
+            callback.on_checkpoint_upload_end(uuid=uuid)
+
+    def _metadata(self, state: _TrialState) -> dict[str, Any]:
+        dist = self.context.distributed
+        metadata = {
+            "determined_version": _version(),
+            "steps_completed": state.batches_trained,
+            "framework": f"torch-{torch.__version__}",
+            "format": "pickle",
+            "trial_id": self.trial_id,
+            "trial_seed": self.context._trial_seed,
+            # issue 27: a resume on another world size compares against these
+            "world_size": dist.size,
+        }
+        if self.context._global_batch_size is not None:
+            metadata["global_batch_size"] = self.context._global_batch_size
+        return metadata
+
+    def _state(self) -> dict[str, Any]:
+        """The state dicts to save (live tensors; ``cpu_copy`` them to keep them)."""
         ctx = self.context
         optim = ctx._optim
-        storage = getattr(self.core_context.checkpoint, "storage_dir", None)
-        run_dir = getattr(self.core_context, "run_dir", None)
-        exclude = [p for p in (storage, run_dir) if p is not None]
-        cio.copy_code(os.getcwd(), path / "code", exclude=exclude)
         ckpt: dict[str, Any] = {
             "models_state_dict": [cio.model_state_for_save(m) for m in ctx.models],
             "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
@@ -159,11 +212,22 @@ class Checkpointer:
             ckpt["amp_state"] = apex.amp.state_dict()
         for callback in self.callbacks.values():
             callback.on_checkpoint_save_start(ckpt)
+        return ckpt
+
+    def _write(self, path: pathlib.Path, ckpt: dict[str, Any], trial_state: dict[str, Any]
+               ) -> None:
+        """The files (on the save's thread when asynchronous, callbacks' write
+        hooks included)."""
+        ctx = self.context
+        storage = getattr(self.core_context.checkpoint, "storage_dir", None)
+        run_dir = getattr(self.core_context, "run_dir", None)
+        exclude = [p for p in (storage, run_dir) if p is not None]
+        cio.copy_code(os.getcwd(), path / "code", exclude=exclude)
         cio.save_state(ckpt, path)
-        cio.write_trial_state(path, vars(state))
+        cio.write_trial_state(path, trial_state)
         cio.write_load_data(
             path, type(self.trial), ctx._hparams, ctx._exp_conf,
-            is_trainer=not optim._is_pre_trainer,
+            is_trainer=not ctx._optim._is_pre_trainer,
         )
         for callback in self.callbacks.values():
             callback.on_checkpoint_end(str(path))
