@@ -122,22 +122,27 @@ KINDS = {"Core API": (WORKER, "exec"), "Trainer DDP": (TRAINER, "torch")}
 
 
 def free_base() -> int:
+    """A base port whose generations' ports are all free (each generation's
+    chief binds its own three: ``generation_ports``)."""
+    sys.path.insert(0, REPO)
+    from determined_launch.generations import PORT_CYCLE, generation_ports
+
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + 3 > 65535:
-            continue
+            base = int(s.getsockname()[1])
+        ports = sorted({p for g in range(PORT_CYCLE) for p in generation_ports(base, g)})
+        if base + 3 <= 65535 and all(_free(p) for p in ports):
+            return base
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
         try:
-            socks = [socket.socket() for _ in range(3)]
-            for i, s in enumerate(socks):
-                s.bind(("127.0.0.1", base + i))
-            return int(base)
+            s.bind(("127.0.0.1", port))
         except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
+            return False
+    return True
 
 
 class Node:
@@ -197,8 +202,8 @@ def one(nodes_n: int, victim: int, work: str, kind: str) -> dict[str, float]:
                 raise RuntimeError("no training after the kill: "
                                    + "\n".join(x for _, x in lead.lines))
             time.sleep(0.05)
-        decided = min(t for t, _ in (n.first("det-launch: restart", killed) for n in survivors)
-                      if t)
+        said = (n.first("det-launch: restart", killed) for n in survivors)
+        decided = min(f[0] for f in said if f is not None)
         resumed = lead.first("resumed", killed)
         trained = lead.first("trained", killed)
         assert resumed is not None and trained is not None

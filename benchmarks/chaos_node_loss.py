@@ -58,13 +58,17 @@ def reference(steps: int = STEPS) -> float:
 
 
 def free_base() -> int:
-    """A base port whose next two are free too (the chief binds all three;
-    a taken one fails its start with the documented port error)."""
+    """A base port whose generations' ports are free too (each generation's
+    chief binds its three; a taken one fails its start with the port error)."""
+    sys.path.insert(0, REPO)
+    from determined_launch.generations import PORT_CYCLE, generation_ports
+
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = int(s.getsockname()[1])
-        if base + 3 <= 65535 and all(_free(base + i) for i in (1, 2)):
+        ports = {p for g in range(PORT_CYCLE) for p in generation_ports(base, g)} - {base}
+        if base + 3 <= 65535 and all(_free(p) for p in sorted(ports)):
             return base
 
 
