@@ -68,6 +68,24 @@ def test_a_trial_the_searcher_stopped_is_not_preempted(served: Served, tree: pat
     assert served.json(f"/api/v1/experiments/{NAME}/trials/3")["log_ranks"] == []
 
 
+def test_history_events_get_their_times_while_followed(tree: pathlib.Path) -> None:
+    from determined_launch.ui.api import Api
+
+    log = tree / "det_experiments" / NAME / "trials" / "1" / "output.log"
+    api = Api([str(tree / "det_experiments")])
+    first = (api.trial(NAME, 1) or {})["history"]
+    assert [e["kind"] for e in first] == ["searcher"]  # the log ends with it: its mtime
+    assert first[0]["time"] == pytest.approx(log.stat().st_mtime)
+    time.sleep(0.05)
+    with open(log, "a") as f:  # resumed, then paused again: found while following
+        f.write("[rank=0] resumed\n" + PAIR)
+    later = (api.trial(NAME, 1) or {})["history"]
+    assert [e["kind"] for e in later] == ["paused", "searcher"]
+    assert later[0]["time"] == pytest.approx(first[0]["time"])
+    assert later[1]["time"] == pytest.approx(log.stat().st_mtime)
+    assert later[1]["time"] > later[0]["time"]
+
+
 def test_a_crashed_plain_run_is_errored(tmp_path: pathlib.Path) -> None:
     (tmp_path / "crash.py").write_text("print('about to crash')\nraise RuntimeError('boom')\n")
     done = subprocess.run([sys.executable, "-m", "determined_launch.cli", "exec", "--",

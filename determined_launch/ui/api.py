@@ -195,6 +195,7 @@ class Api:
         if out["state"] == "running":  # a summary line is an earlier attempt's (history)
             out.update(exit_status=None, outcome=None)
         self._truth(out, run_dir)
+        del out["_times"]
         return shape.finite(out)
 
     def _truth(self, out: dict[str, Any], run_dir: str) -> None:
@@ -206,8 +207,8 @@ class Api:
         reason = reason if isinstance(reason, str) else None
         out.update(outcome.trial_ended(out["state"], out.get("length"), reason,
                                        out.get("exit_status"), out.get("outcome")))
-        out["history"] = outcome.history(out["launcher_events"], out["state"], reason,
-                                         out.get("length"), self._log_time(run_dir))
+        out["history"] = outcome.history(out["launcher_events"], out["_times"], out["state"],
+                                         reason, out.get("length"), self._log_time(run_dir))
         if out["state"] == "failed":
             out["output_tail"] = self._output_tail(run_dir)
 
@@ -266,10 +267,11 @@ class Api:
             if out["exit_status"] is None:
                 out["exit_status"] = ended["exit_status"]
             out["ended"] = outcome.run_ended(ended["exit_status"])
-            out["history"] = outcome.history(out["launcher_events"], out["state"], None, None,
-                                             ended["time"])
+            out["history"] = outcome.history(out["launcher_events"], out["_times"],
+                                             out["state"], None, None, ended["time"])
             if out["state"] == "errored":
                 out["output_tail"] = self._output_tail(path)
+        del out["_times"]
         return shape.finite(out)
 
     def run_storage(self, name: str) -> Storages:
@@ -279,10 +281,10 @@ class Api:
 
     def _run_details(self, run_dir: str) -> dict[str, Any]:
         r = self.runs_reader
-        events = r.launcher_events(run_dir)
+        events, times = r.launcher_timed(run_dir)
         return {**r.status(run_dir), **r.outcome(events), "groups": r.groups(run_dir),
-                "launcher_events": events, "log_ranks": r.log_ranks(run_dir),
-                "history": outcome.history(events, "running", None, None, None),
+                "launcher_events": events, "_times": times, "log_ranks": r.log_ranks(run_dir),
+                "history": outcome.history(events, times, "running", None, None, None),
                 "ended": None, "output_tail": None,
                 "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
 

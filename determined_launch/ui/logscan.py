@@ -16,6 +16,7 @@ import re
 import threading
 from collections import deque
 from collections.abc import Sequence
+from typing import Optional
 
 from determined_launch.ui import files
 from determined_launch.ui.cache import ByteLru
@@ -40,7 +41,11 @@ class _Scan:
         self.size = -1
         self.mtime = -1
         self.skipping = False  # inside a line longer than CHUNK: not a launcher line
+        self.ends_with_line = False  # the bytes scanned end with a launcher line
         self.lines: deque[str] = deque(maxlen=KEEP)
+        #: when each line was written, as well as known: the log's mtime at the scan that
+        #: found it while following (the launcher's lines carry no time); None if unknown
+        self.times: deque[Optional[float]] = deque(maxlen=KEEP)
         self.ranks: set[int] = set()
         self.lock = threading.Lock()
 
@@ -57,29 +62,36 @@ class LauncherLines:
         """The ranks whose labelled lines the log has (none for ``exec``'s output)."""
         return self.scan(path)[1]
 
-    def scan(self, path: str) -> tuple[list[str], list[int]]:
+    def scan(self, path: str) -> tuple[list[str], list[int], list[Optional[float]]]:
+        """The launcher's lines, the ranks, and when each line was written where
+        known: a line that appeared while the server followed the log, and a
+        line the log ends with (its mtime)."""
         real = files.confined(path, self.roots)
         if real is None:
-            return [], []
+            return [], [], []
         try:
             st = os.stat(real)
         except OSError:
-            return [], []
+            return [], [], []
         key = (st.st_dev, st.st_ino)
         scan = self._scans.get(real)
         if scan is None or scan.key != key or st.st_size < scan.offset:
             scan = _Scan(key)  # new, replaced or cut: from the start
         with scan.lock:
             if (st.st_size, st.st_mtime_ns) != (scan.size, scan.mtime):
-                self._follow(real, scan)
+                self._follow(real, scan, st.st_mtime if scan.size >= 0 else None)
+                if scan.size < 0 and scan.ends_with_line and scan.times:
+                    scan.times[-1] = st.st_mtime  # the log's last line: written at its mtime
                 scan.size, scan.mtime = st.st_size, st.st_mtime_ns
             lines = list(scan.lines)
             ranks = sorted(scan.ranks)
-        self._scans.put(real, scan, 200 + 8 * len(ranks) + sum(len(x) for x in lines))
-        return lines, ranks
+            times = list(scan.times)
+        self._scans.put(real, scan, 200 + 8 * len(ranks) + 16 * len(times)
+                        + sum(len(x) for x in lines))
+        return lines, ranks, times
 
     @staticmethod
-    def _follow(path: str, scan: _Scan) -> None:
+    def _follow(path: str, scan: _Scan, when: Optional[float]) -> None:
         try:
             f = open(path, "rb")
         except OSError:
@@ -104,6 +116,9 @@ class LauncherLines:
                     return
                 for m in LAUNCHER_LINE.finditer(chunk, 0, end):
                     scan.lines.append(m.group(0)[:LINE_CHARS].decode("utf-8", errors="replace"))
+                    scan.times.append(when)
+                last = chunk.rfind(b"\n", 0, end - 1) + 1  # the last whole line's start
+                scan.ends_with_line = LAUNCHER_LINE.match(chunk, last, end) is not None
                 if len(scan.ranks) < MAX_RANKS:
                     scan.ranks.update(int(r) for r in set(RANK_LABEL.findall(chunk, 0, end)))
                 scan.offset += end

@@ -70,37 +70,36 @@ def trial_ended(state: str, length: Optional[int], stop_reason: Optional[str],
     return {"ended": ended, "exit_status": exit_status, "outcome": outcome}
 
 
-def history(lines: Sequence[str], state: str, stop_reason: Optional[str],
-            length: Optional[int], last_time: Optional[float]) -> list[dict[str, Any]]:
+def history(lines: Sequence[str], times: Sequence[Optional[float]], state: str,
+            stop_reason: Optional[str], length: Optional[int],
+            last_time: Optional[float]) -> list[dict[str, Any]]:
     """The launcher's lines as events, each once: a preemption's notice and
     its summary are one event; the last stop is the searcher's when the
     driver said so (``stop_reason``), earlier ones are pauses (the trial ran
-    again after them). ``last_time``: when the log was last written (the
-    last event's time, once the trial is no longer running)."""
+    again after them). ``times``: when each line was written, where known;
+    ``last_time``: when the log was last written (the last event's time, once
+    the trial is no longer running, if its line's is not known)."""
     events: list[dict[str, Any]] = []
-    pending_notice = False
-    for line in lines:
+    notice: Optional[dict[str, Any]] = None
+    for i, line in enumerate(lines):
+        when = times[i] if i < len(times) else None
         if _SAW_PREEMPT.match(line):
-            pending_notice = True
+            notice = {"kind": "stopping", "time": when, "text": "asked to checkpoint and stop"}
             continue
         m = _SUMMARY.match(line)
         if m is None:
-            events.append({"kind": "launcher", "text": line, "time": None})
+            events.append({"kind": "launcher", "text": line, "time": when})
             continue
         code = int(m.group(3))
         if code == EXIT_PREEMPTED:
-            events.append({"kind": "paused", "time": None, "exit_status": code,
+            events.append({"kind": "paused", "time": when, "exit_status": code,
                            "text": "paused: the workers checkpointed and stopped; resumable"})
-        elif code == 0:
-            events.append({"kind": "succeeded", "text": m.group(1), "time": None,
-                           "exit_status": 0})
         else:
-            events.append({"kind": "failed", "text": m.group(1), "time": None,
-                           "exit_status": code})
-        pending_notice = False
-    if pending_notice:  # asked to stop, not stopped yet
-        events.append({"kind": "stopping", "time": None,
-                       "text": "asked to checkpoint and stop"})
+            events.append({"kind": "succeeded" if code == 0 else "failed", "time": when,
+                           "text": m.group(1), "exit_status": code})
+        notice = None
+    if notice is not None:  # asked to stop, not stopped yet
+        events.append(notice)
     last = next((e for e in reversed(events) if e["kind"] != "launcher"), None)
     if last is not None and last["kind"] == "paused" and (
             stop_reason in SEARCHER_STOPS or state in ("completed", "stopped (ASHA)")):
@@ -109,7 +108,7 @@ def history(lines: Sequence[str], state: str, stop_reason: Optional[str],
             f"stopped by the searcher (ASHA){at}" if (stop_reason == "pruned" or
                                                        state == "stopped (ASHA)")
             else f"completed: the searcher's length reached{at}"))
-    if events and state != "running":
+    if events and state != "running" and events[-1]["time"] is None:
         events[-1]["time"] = last_time
     return events
 

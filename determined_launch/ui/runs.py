@@ -301,6 +301,11 @@ class RunReader:
         return [shape.redact(line) for line in
                 self._events.lines(os.path.join(run_dir, "output.log"))]
 
+    def launcher_timed(self, run_dir: str) -> tuple[list[str], list[Optional[float]]]:
+        """``launcher_events`` and when each was written, where known (logscan.py)."""
+        lines, _, times = self._events.scan(os.path.join(run_dir, "output.log"))
+        return [shape.redact(line) for line in lines], times
+
     def log_ranks(self, run_dir: str) -> list[int]:
         """The ranks the output labels, for the logs' rank filter."""
         return self._events.ranks(os.path.join(run_dir, "output.log"))
