@@ -70,6 +70,7 @@ def async_save(ctx: CheckpointContext, state: dict[str, torch.Tensor],
                previous: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     copy = previous["copy"] = cpu_copy(state, reuse=previous.get("copy"))
+    copied = time.perf_counter() - t0
     future = ctx.save_async(lambda path: torch.save(copy, path / "state.pt"),
                             {"steps_completed": 1})
     pause = time.perf_counter() - t0
@@ -85,7 +86,7 @@ def async_save(ctx: CheckpointContext, state: dict[str, torch.Tensor],
         saved = torch.load(path / "state.pt", weights_only=True)
     got = {k: float(v[:4].sum()) for k, v in saved.items()}
     assert got == expected, "the checkpoint does not hold the state as it was copied"
-    return {"pause_s": pause, "save_s": save, "steps": steps, "id": sid}
+    return {"pause_s": pause, "copy_s": copied, "save_s": save, "steps": steps, "id": sid}
 
 
 def storages(work: pathlib.Path, endpoint: str) -> dict[str, CheckpointContext]:
