@@ -13,13 +13,23 @@ context still finishes the save before the interpreter exits.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import pathlib
 import threading
-from collections.abc import Callable, Mapping
-from typing import Optional
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Optional
 
-from determined_launch.core.storage.base import StorageBackend
+from determined_launch.core._ckpt_shard import merge_metadata
+from determined_launch.core._dist import Collectives
+from determined_launch.core._rundir import require_chief
+from determined_launch.core.storage.base import (
+    METADATA_FILE,
+    Selector,
+    StorageBackend,
+    list_local,
+)
 
 logger = logging.getLogger("determined_launch.core")
 
@@ -128,3 +138,72 @@ def save_body(
             backend.release(storage_id, staging)
 
     return body
+
+
+def user_files(root: pathlib.Path, selector: Selector = None) -> dict[str, int]:
+    """The user's files; a ``metadata.json`` at the top is ours to write (the marker)."""
+    files = list_local(root, selector)
+    files.pop(METADATA_FILE, None)
+    return files
+
+
+class AsyncSaves:
+    """``CheckpointContext``'s background saves (a mixin over its storage and commit)."""
+
+    _dist: Collectives
+    _backend: StorageBackend
+    _detached: bool
+    _saver: BackgroundSaver
+
+    def _commit(self, storage_id: str, metadata: Mapping[str, Any],
+                files: Mapping[str, int], *, detached: Optional[bool] = None) -> None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _store_async(self, metadata: Optional[Mapping[str, Any]]
+                     ) -> Iterator[tuple[pathlib.Path, str]]:
+        storage_id, staging, commit = self._begin_async(metadata, "store_path(asynchronous=True)")
+        try:
+            yield staging, storage_id
+        except BaseException:
+            self._backend.abort(storage_id)
+            self._backend.release(storage_id, staging)
+            raise
+        self._saver.submit(storage_id, save_body(self._backend, storage_id, staging, None,
+                                                 user_files, commit))
+
+    def save_async(self, write: WriteFn, metadata: Optional[Mapping[str, Any]] = None
+                   ) -> SaveFuture:
+        """Chief only: a new checkpoint whose files ``write(path)`` writes on a
+        thread, which then uploads and commits it; returns at once a future of
+        its storage id (``.storage_id``). ``write`` must read only data the
+        caller no longer changes (a copy). One save in flight: this waits for
+        the previous one and raises ``CheckpointSaveError`` if it failed (as
+        ``wait()`` does; closing the core context logs and raises it)."""
+        storage_id, staging, commit = self._begin_async(metadata, "checkpoint.save_async()")
+        return self._saver.submit(storage_id, save_body(self._backend, storage_id, staging,
+                                                        write, user_files, commit))
+
+    def wait(self) -> Optional[str]:
+        """Wait for the background save in flight; its storage id, or None when
+        there was none. Raises ``CheckpointSaveError`` if it failed."""
+        return self._saver.wait()
+
+    def _drain(self) -> Optional[CheckpointSaveError]:
+        """At exit: finish the save in flight; its failure is logged and returned."""
+        return self._saver.drain()
+
+    def _begin_async(self, metadata: Optional[Mapping[str, Any]], what: str
+                     ) -> tuple[str, pathlib.Path, Any]:
+        require_chief(self._dist, what)
+        metadata = merge_metadata([metadata or {}])
+        self._saver.wait()  # one save in flight; the previous one's error surfaces here
+        storage_id = str(uuid.uuid4())
+        staging = self._backend.begin(storage_id)
+        detached = self._detached  # decided now, not when the thread commits
+
+        def commit(files: Mapping[str, int]) -> None:
+            self._commit(storage_id, metadata, files, detached=detached)
+
+        return storage_id, staging, commit
+

@@ -28,12 +28,11 @@ from typing import Any, Optional
 from determined_launch import rundir
 from determined_launch.core import _ckpt_shard as shard_logic
 from determined_launch.core._async_save import (
+    AsyncSaves,
     BackgroundSaver,
     CheckpointSaveError,
-    SaveFuture,
-    WriteFn,
-    save_body,
 )
+from determined_launch.core._async_save import user_files as _user_files
 from determined_launch.core._dist import Collectives
 from determined_launch.core._rundir import RunDir, require_chief
 from determined_launch.core.storage.base import (
@@ -41,7 +40,6 @@ from determined_launch.core.storage.base import (
     PARTIAL_PREFIX,
     StorageBackend,
     check_storage_id,
-    list_local,
 )
 from determined_launch.core.storage.directory import DirectoryStorage
 
@@ -69,7 +67,7 @@ class DownloadMode(enum.Enum):
     NoSharedDownload = "NO_SHARED_DOWNLOAD"
 
 
-class CheckpointContext:
+class CheckpointContext(AsyncSaves):
     """Local stand-in for Determined's ``CheckpointContext``, on any storage backend."""
 
     def __init__(
@@ -178,54 +176,6 @@ class CheckpointContext:
             raise
         finally:
             self._backend.release(storage_id, staging)
-
-    @contextlib.contextmanager
-    def _store_async(self, metadata: Optional[Mapping[str, Any]]
-                     ) -> Iterator[tuple[pathlib.Path, str]]:
-        storage_id, staging, commit = self._begin_async(metadata, "store_path(asynchronous=True)")
-        try:
-            yield staging, storage_id
-        except BaseException:
-            self._backend.abort(storage_id)
-            self._backend.release(storage_id, staging)
-            raise
-        self._saver.submit(storage_id, save_body(self._backend, storage_id, staging, None,
-                                                 _user_files, commit))
-
-    def save_async(self, write: WriteFn, metadata: Optional[Mapping[str, Any]] = None
-                   ) -> SaveFuture:
-        """Chief only: a new checkpoint whose files ``write(path)`` writes on a
-        thread, which then uploads and commits it; returns at once a future of
-        its storage id (``.storage_id``). ``write`` must read only data the
-        caller no longer changes (a copy). One save in flight: this waits for
-        the previous one and raises ``CheckpointSaveError`` if it failed (as
-        ``wait()`` does; closing the core context logs and raises it)."""
-        storage_id, staging, commit = self._begin_async(metadata, "checkpoint.save_async()")
-        return self._saver.submit(storage_id, save_body(self._backend, storage_id, staging,
-                                                        write, _user_files, commit))
-
-    def wait(self) -> Optional[str]:
-        """Wait for the background save in flight; its storage id, or None when
-        there was none. Raises ``CheckpointSaveError`` if it failed."""
-        return self._saver.wait()
-
-    def _drain(self) -> Optional[CheckpointSaveError]:
-        """At exit: finish the save in flight; its failure is logged and returned."""
-        return self._saver.drain()
-
-    def _begin_async(self, metadata: Optional[Mapping[str, Any]], what: str
-                     ) -> tuple[str, pathlib.Path, Any]:
-        require_chief(self._dist, what)
-        metadata = merge_metadata([metadata or {}])
-        self._saver.wait()  # one save in flight; the previous one's error surfaces here
-        storage_id = str(uuid.uuid4())
-        staging = self._backend.begin(storage_id)
-        detached = self._detached  # decided now, not when the thread commits
-
-        def commit(files: Mapping[str, int]) -> None:
-            self._commit(storage_id, metadata, files, detached=detached)
-
-        return storage_id, staging, commit
 
     def _begin_sharded(self) -> tuple[str, pathlib.Path, Optional[BaseException]]:
         """Every rank: the shared storage id, this rank's staging directory,
@@ -473,11 +423,3 @@ class CheckpointContext:
         self._backend.delete(storage_id, globs)
         if not globs and self._dist.rank == 0:  # deleted on purpose: never "skipped"
             self._run_dir.append(rundir.CHECKPOINT_LOG, {"deleted": storage_id})
-
-
-def _user_files(root: pathlib.Path, selector: Optional[Callable[[str], bool]] = None
-                ) -> dict[str, int]:
-    """The user's files; a ``metadata.json`` at the top is ours to write (the marker)."""
-    files = list_local(root, selector)
-    files.pop(METADATA_FILE, None)
-    return files
