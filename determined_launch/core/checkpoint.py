@@ -11,6 +11,9 @@ new id as ``pending`` (beside the previous committed ``storage_id``), then
 with the new id as ``storage_id``; ``checkpoints.jsonl`` lists every one. Which
 of them a rerun resumes is ``determined_launch/rundir.py``'s rule (the newest
 with its commit marker), the same for ``latest()`` and the launcher.
+
+Background saves (``save_async``, ``store_path(asynchronous=True)``) live in
+``_async_save.py``: the same commit, on a thread, one save at a time.
 """
 
 from __future__ import annotations
