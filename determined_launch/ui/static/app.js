@@ -352,8 +352,8 @@ async function runPage(kind, name, tid) {
       sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage]})), {sortKey: "ck", sortCol: 4})
       : h("p", {class: "muted"}, "no checkpoints yet"));
     page.parts.events.replaceChildren(r.history.length
-      ? table(["time", "event"], r.history.map((e) => ({cls: `event ${e.kind}`,
-        cells: [when(e.time), e.text], sort: [e.time, e.text]})), {sortKey: "history", sortCol: 0})
+      ? table(["time", "event"], r.history.map((e, i) => ({cls: `event ${e.kind}`, // in log order:
+        cells: [when(e.time), e.text], sort: [i, e.text]})), {sortKey: "history", sortCol: 0})  // times may be unknown
       : h("p", {class: "muted"}, "no preemptions or restarts"));
     page.parts.tail.replaceChildren(...(r.output_tail ? [h("h2", {}, "Last lines of its output"),
       h("pre", {class: "logs tail"}, r.output_tail)] : r.state === "errored" || r.state === "failed"
