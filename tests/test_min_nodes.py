@@ -150,6 +150,29 @@ def test_a_launcher_that_was_stopped_does_not_call_its_peers_lost(
                                           "(stopped or starved): it saw this launcher silent")
 
 
+def test_a_resumed_chief_reads_that_a_node_lost_it_not_that_it_was_lost() -> None:
+    """Issue 35 §0.5: a chief SIGSTOPped long enough for its nodes to decide
+    without it reads, once resumed, their buffered reports of its loss. The
+    channel stamps the sender's node on them, so the old verdict called the
+    chief itself 'the chief's launcher on node 1 (<its own address>) was lost'.
+    It is node 1 that this chief lost."""
+    from determined_launch.supervisor import verdict as v
+
+    verdict = v.Verdict(v.Settings(
+        role=v.Role.CHIEF, node=0, hosts=("h0", "h1", "h2"), roles=("worker",),
+        names=("rank 0",), preempt_signals=(), preempt_grace=30.0, kill_after=5.0,
+        connect_timeout=300.0), now=0.0)
+    report = Failure(1, "the chief's launcher", 0, "h0", 1000.0,
+                     how="was lost (no heartbeat for 10s)").to_message()
+    verdict.handle(v.PeerMessage(v.message(v.Kind.FAILED, **{**report, "node": 1})), 1.0, 1001.0)
+    verdict.tick(10.0, 1010.0)
+    assert verdict.cause is not None
+    assert verdict.cause.describe() == ("the launcher on node 1 (h1) lost sight of this chief "
+                                        "(no heartbeat for 10s)")
+    j = generations.Restarts(2, lambda: C4, NONE, (0, 1, 2), 0, min_nodes=1)
+    assert j.decide(1, verdict.cause).members == (0, 2)  # node 1 goes on without this chief
+
+
 def test_members_cross_the_wire_and_bind_the_secret() -> None:
     d = decide(2, [lost((0, 1, 2), (2,))], NONE, min_nodes=2)
     assert Decision.from_message(d.to_message()) == d
@@ -259,7 +282,7 @@ def test_a_chief_that_never_answers_is_lost_too(min_nodes: int | None,
     from determined_launch.supervisor import Supervisor, SupervisorConfig
 
     info = ClusterInfo(("127.0.0.1", "127.0.0.1"), 1, (1, 1), (0,), "test")
-    runtime = make_runtime(info, {"C10D_PORT": str(free_port_block()),
+    runtime = make_runtime(info, {"C10D_PORT": str(free_port_block(8)),
                                   "DET_DIST_SECRET": "u" * 32}, generation=1, members=(1, 2))
     judge = generations.Restarts(3, lambda: C4, NONE, (1, 2), 2, min_nodes)
     plan = LaunchPlan((ProcessSpec((sys.executable, "-c", "raise SystemExit(9)"), "cmd"),))
@@ -387,8 +410,9 @@ def node_command(tmp_path: Path, rank: int, n: int, port: int, flags: tuple[str,
 
 def start_nodes(tmp_path: Path, n: int, launches: list[Launch], flags: tuple[str, ...],
                 port: int = 0, **extra: str) -> list[Launch]:
-    """``n`` simulated nodes on loopback, started and registered for cleanup."""
-    port = port or free_port_block()
+    """``n`` simulated nodes on loopback, started and registered for cleanup
+    (the ports of generations 0-2 free: each generation has its own three)."""
+    port = port or free_port_block(12)
     nodes = [Launch(*node_command(tmp_path, rank, n, port, flags, **extra)) for rank in range(n)]
     launches.extend(nodes)
     return nodes
@@ -446,7 +470,7 @@ def test_a_lost_node_that_comes_back_rejoins_with_the_exact_weight(
     steps = 16
     extra = {"PAUSE_NODE": "2", "STEPS": str(steps), "HOLD_AT": "10"}
     flags = ("--max-restarts", "2", "--min-nodes", "2")
-    port = free_port_block()
+    port = free_port_block(12)
     nodes = start_nodes(tmp_path, 3, launches, flags, port, **extra)
     kill_when_paused(tmp_path, nodes[2])
     wait_for_file(tmp_path / "run" / "generations" / "1.json", 60, "generation 1's claim")
@@ -497,7 +521,7 @@ def test_a_run_directory_anyone_may_write_is_refused_in_one_line(tmp_path: Path)
     run = tmp_path / "run"
     run.mkdir()
     run.chmod(0o777)
-    argv, env = node_command(tmp_path, 0, 2, free_port_block(),
+    argv, env = node_command(tmp_path, 0, 2, free_port_block(12),
                              ("--max-restarts", "1", "--min-nodes", "1"))
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

@@ -26,6 +26,8 @@ from determined_launch.supervisor.events import (
 
 #: how a chief that never answered is described (``handoff.chief_unreachable``)
 UNREACHED = "could not be reached"
+#: how the verdict names the chief's launcher as a failure
+CHIEF = "the chief's launcher"
 
 if TYPE_CHECKING:  # verdict.py imports this module
     from determined_launch.supervisor.verdict import Verdict
@@ -52,6 +54,12 @@ def chief_message(v: Verdict, msg: Mapping[str, Any], now: float, wall: float,
         v.connected.add(node)
     elif kind == Kind.FAILED:
         f = Failure.from_message(msg)
+        if f is not None and f.what == CHIEF:
+            # The node lost sight of this chief (it was stopped, or cut off) and goes on
+            # without it: that node is lost to this chief, which is not "lost" itself.
+            why = (f.how or "").removeprefix("was lost").strip()
+            f = Failure(1, "the launcher", v.s.ident(node), v.s.addr(node), f.time,
+                        how=f"lost sight of this chief{' ' + why if why else ''}")
         if f is not None:
             v.note(f, now, wall, out)
     elif kind == Kind.LOST and node not in v.node_results:
