@@ -265,10 +265,16 @@ def resume_point(info: ClusterInfo, env: Mapping[str, str], trial: TrialInfo,
                  command: Optional[Sequence[str]],
                  is_committed: Optional[Callable[[str], bool]] = None
                  ) -> tuple[rundir.Resume, pathlib.Path, Optional[pathlib.Path]]:
-    """(the resume point, the run directory, its checkpoint directory or ``None``)."""
+    """(the resume point, the run directory, its checkpoint directory or ``None``).
+
+    Only the default run directory is the command's: one named by ``DET_RUN_DIR``
+    is the user's choice of run, so any command resumes there (a renamed script,
+    ``python train.py`` become ``python -m pkg.train``); the lease still keeps it
+    to one live job."""
     run_dir = _shared_dir(trial, env) if command is None else run_dir_for(trial, env, command)
     storage = _storage_dir(info, env, run_dir)
-    resume = rundir.newest_committed(run_dir, identity(trial, command),
+    chosen = None if env.get(envvars.RUN_DIR) else command
+    resume = rundir.newest_committed(run_dir, identity(trial, chosen),
                                      _check(storage, is_committed, run_dir))
     return resume, run_dir, storage
 

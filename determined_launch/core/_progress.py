@@ -77,8 +77,14 @@ class Beacon:
     def close(self) -> None:
         faulthandler.unregister(stack_signal())
         if self._stacks is not None:
+            name = self._stacks.name
             self._stacks.close()
             self._stacks = None
+            try:
+                if os.stat(name).st_size == 0:  # never asked for: leave no file behind
+                    os.unlink(name)
+            except OSError:
+                pass
         os.close(self._fd)
         try:
             os.unlink(self.path)  # no longer judged: core's context is closed
