@@ -83,8 +83,10 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port_block(n: int = 3) -> int:
-    """A base port such that base..base+n-1 are free right now."""
+def free_port_block(n: int = 11) -> int:
+    """A base port such that base..base+n-1 are free right now. The default covers
+    generations 0-2 of a restarting job (each uses C10D_PORT + 4*g .. + 4*g + 2:
+    generations.ports)."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
