@@ -378,10 +378,14 @@ def test_run_dir_lines_of_threads_never_mix_and_files_close_with_it(tmp_path: pa
     assert sorted((r["metrics"]["t"], r["steps_completed"]) for r in rows) == sorted(
         (t, i) for t in range(4) for i in range(60))
     assert {r["trial_id"] for r in rows} == {7}
-    opened = [fd for fd in os.listdir("/proc/self/fd")
-              if os.path.realpath(f"/proc/self/fd/{fd}").endswith("training.jsonl")]
-    assert len(opened) == 1
+    # this RunDir's stream only: earlier tests in the same process may hold their own
+    stream = os.path.realpath(tmp_path / "run" / "training.jsonl")
+
+    def opened() -> list[str]:
+        return [fd for fd in os.listdir("/proc/self/fd")
+                if os.path.realpath(f"/proc/self/fd/{fd}") == stream]
+
+    assert len(opened()) == 1
     held.clear()
     gc.collect()
-    assert not [fd for fd in os.listdir("/proc/self/fd")
-                if os.path.realpath(f"/proc/self/fd/{fd}").endswith("training.jsonl")]
+    assert not opened()
