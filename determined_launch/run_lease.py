@@ -168,7 +168,7 @@ class Lease:
             verdict = lease_verdict(record, age, socket.gethostname(), self.job, _pid_alive,
                                     _is_ancestor)
             if verdict == FREE:
-                rundir._write_atomically(self.path, json.dumps(
+                rundir.write_atomically(self.path, json.dumps(
                     {"job": self.job, "host": socket.gethostname(), "pid": os.getpid(),
                      "what": self.what, "since": time.time()}) + "\n")
             elif verdict == MINE:

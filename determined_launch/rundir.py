@@ -114,7 +114,7 @@ def record_command(run_dir: pathlib.Path, command: Sequence[str]) -> None:
     if read_command(run_dir) == tuple(command):
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(run_dir / COMMAND_FILE, json.dumps(
+    write_atomically(run_dir / COMMAND_FILE, json.dumps(
         {"command": list(command), "key": command_key(command)}) + "\n")
 
 
@@ -125,7 +125,7 @@ def record_exit(run_dir: pathlib.Path, status: Optional[int], when: float) -> No
     if status is None:
         path.unlink(missing_ok=True)
         return
-    _write_atomically(path, json.dumps({"exit_status": status, "time": when}) + "\n")
+    write_atomically(path, json.dumps({"exit_status": status, "time": when}) + "\n")
 
 
 def base_name(trial_id: Optional[int], local: bool) -> str:
@@ -308,11 +308,15 @@ def _read_json(path: pathlib.Path, limit: int) -> Any:
         return None
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """Replace ``path`` so that readers see the old or the new content, never half
+    (the run directory's pointers, owner, lease; core's streams' pointers too)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)  # replaces a symlink itself, never what it points to
     except BaseException:
         try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import tempfile
 import threading
 import time
 import weakref
@@ -29,6 +28,7 @@ from typing import Any, Optional
 
 from determined_launch import rundir
 from determined_launch.core._dist import Collectives
+from determined_launch.rundir import write_atomically
 
 
 def require_chief(dist: Collectives, what: str) -> None:
@@ -60,23 +60,6 @@ def dumps(record: Any) -> str:
     # NaN and inf are written as JSON extensions (Python's json reads them);
     # a diverging loss is a metric worth keeping, not an error.
     return json.dumps(record, default=_to_jsonable, sort_keys=True)
-
-
-def write_atomically(path: pathlib.Path, text: str) -> None:
-    """Replace ``path`` so that readers see the old or the new content, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 #: pointer (``stop_reason.json``) that ``det-launch experiment``'s driver writes in a

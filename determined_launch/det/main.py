@@ -63,9 +63,7 @@ def _experiment(sub: Any) -> None:
     p = _cmd(verbs, "describe", c.describe, "describe experiment")
     p.add_argument("experiment_ids", help="comma-separated list of experiment IDs (or names)")
     p.add_argument("--metrics", action="store_true", help="(metrics are in the trials' files)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--csv", action="store_true", help="print as CSV")
-    g.add_argument("--json", action="store_true", help="print as JSON")
+    _csv_or_json(p)
     p = _cmd(verbs, "logs", c.experiment_logs, "fetch logs of the first trial of an experiment")
     p.add_argument("experiment_id", help="experiment ID or name")
     _log_args(p)
@@ -104,6 +102,12 @@ def _experiment(sub: Any) -> None:
                            help="the interval (in seconds) to poll for updated state")
 
 
+def _csv_or_json(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--csv", action="store_true", help="print as CSV")
+    g.add_argument("--json", action="store_true", help="print as JSON")
+
+
 def _log_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--follow", action="store_true",
                    help="follow the logs of a running trial, similar to tail -f")
@@ -117,9 +121,7 @@ def _trial(sub: Any) -> None:
     verbs = t.add_subparsers(dest="verb", metavar="VERB")
     p = _cmd(verbs, "describe", c.trial_describe, "describe trial")
     p.add_argument("trial_id", help="trial ID (or EXPERIMENT/TRIAL)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--csv", action="store_true", help="print as CSV")
-    g.add_argument("--json", action="store_true", help="print as JSON")
+    _csv_or_json(p)
     p = _cmd(verbs, "logs", c.trial_logs, "fetch trial logs")
     p.add_argument("trial_id", help="trial ID (or EXPERIMENT/TRIAL)")
     _log_args(p)

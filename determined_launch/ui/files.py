@@ -27,13 +27,13 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from determined_launch.ui.cache import ByteLru
 from determined_launch.ui.table import BAD_LINE, Table
 
 __all__ = ["BAD_LINE", "CHUNK", "LONG_LINE", "Streams", "Table", "confined", "dir_size",
-           "json_lines", "read_json", "read_text", "sample", "tail_bytes"]
+           "json_lines", "read_json", "read_text", "sample", "tail_bytes", "whole_lines"]
 
 #: bytes parsed per read, so a huge file never sits in memory whole
 CHUNK = 8 << 20
@@ -207,39 +207,61 @@ class Streams:
 
     @staticmethod
     def _follow(path: str, entry: _Entry) -> None:
-        try:
-            f = open(path, "rb")
-        except OSError:
-            return
-        with f:
-            while True:
-                f.seek(entry.offset)
-                chunk = f.read(CHUNK)
-                full = len(chunk) == CHUNK
-                if entry.in_long_line:  # the rest of a line too long to keep
-                    cut = chunk.find(b"\n") + 1
-                    entry.offset += cut or len(chunk)
-                    entry.in_long_line = not cut
-                    if full or cut:
-                        continue
-                    return
-                end = chunk.rfind(b"\n") + 1  # a line still being written waits for its newline
-                if end == 0:
-                    if full:  # one line longer than a chunk: skipped and counted
+        def long_line() -> None:  # skipped and counted
+            entry.table.skipped += 1
+
+        for chunk, end in whole_lines(path, entry, long_line):
+            for record in json_lines(chunk[:end].splitlines()):
+                if isinstance(record, dict):
+                    try:
+                        entry.table.add(record)
+                    except BAD_LINE:  # an odd record costs itself only
                         entry.table.skipped += 1
-                        entry.in_long_line = True
-                        entry.offset += len(chunk)
-                        continue
-                    return
-                entry.offset += end
-                for record in json_lines(chunk[:end].splitlines()):
-                    if isinstance(record, dict):
-                        try:
-                            entry.table.add(record)
-                        except BAD_LINE:  # an odd record costs itself only
-                            entry.table.skipped += 1
-                if not full:
-                    return  # the end of the file (no second read to learn it)
+
+
+class Cursor(Protocol):
+    """Where a followed file was left: ``offset`` is at a line start, or inside
+    a line longer than ``CHUNK`` when ``in_long_line``."""
+
+    offset: int
+    in_long_line: bool
+
+
+def whole_lines(path: str, at: Cursor, on_long_line: Callable[[], None] = lambda: None
+                ) -> Iterator[tuple[bytes, int]]:
+    """The whole lines appended to ``path`` since ``at``, as ``(chunk, end)``:
+    ``chunk[:end]`` is a block of them, read ``CHUNK`` bytes at a time (bounded
+    memory). A line still being written waits for its newline; a line longer
+    than a chunk is skipped (``on_long_line`` once) and following goes on after
+    it. ``at`` moves past each block once the consumer has taken it."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    with f:
+        while True:
+            f.seek(at.offset)
+            chunk = f.read(CHUNK)
+            full = len(chunk) == CHUNK
+            if at.in_long_line:  # the rest of a line too long to keep
+                cut = chunk.find(b"\n") + 1
+                at.offset += cut or len(chunk)
+                at.in_long_line = not cut
+                if full or cut:
+                    continue
+                return
+            end = chunk.rfind(b"\n") + 1
+            if end == 0:
+                if full:
+                    on_long_line()
+                    at.in_long_line = True
+                    at.offset += len(chunk)
+                    continue
+                return
+            yield chunk, end
+            at.offset += end
+            if not full:
+                return  # the end of the file (no second read to learn it)
 
 
 def sample(path: str, roots: Sequence[str], n: int) -> Table:

@@ -29,7 +29,6 @@ MAX_RANKS = 4096
 KEEP = 200
 #: a launcher line is short; a longer one is cut (it is shown, not parsed further)
 LINE_CHARS = 1000
-CHUNK = 8 << 20
 #: logs' scan states kept (estimated bytes)
 CACHE_BYTES = 16 << 20
 
@@ -40,7 +39,7 @@ class _Scan:
         self.offset = 0  # bytes scanned (always at a line start, or inside a skipped line)
         self.size = -1
         self.mtime = -1
-        self.skipping = False  # inside a line longer than CHUNK: not a launcher line
+        self.in_long_line = False  # inside a line longer than a chunk: not a launcher line
         self.ends_with_line = False  # the bytes scanned end with a launcher line
         self.lines: deque[str] = deque(maxlen=KEEP)
         #: when each line was written, as well as known: the log's mtime at the scan that
@@ -92,35 +91,11 @@ class LauncherLines:
 
     @staticmethod
     def _follow(path: str, scan: _Scan, when: Optional[float]) -> None:
-        try:
-            f = open(path, "rb")
-        except OSError:
-            return
-        with f:
-            while True:
-                f.seek(scan.offset)
-                chunk = f.read(CHUNK)
-                full = len(chunk) == CHUNK
-                if scan.skipping:
-                    cut = chunk.find(b"\n") + 1
-                    scan.offset += cut or len(chunk)
-                    scan.skipping = not cut
-                    if full or cut:
-                        continue
-                    return
-                end = chunk.rfind(b"\n") + 1  # a line still being written waits
-                if end == 0:
-                    if full:
-                        scan.skipping, scan.offset = True, scan.offset + len(chunk)
-                        continue
-                    return
-                for m in LAUNCHER_LINE.finditer(chunk, 0, end):
-                    scan.lines.append(m.group(0)[:LINE_CHARS].decode("utf-8", errors="replace"))
-                    scan.times.append(when)
-                last = chunk.rfind(b"\n", 0, end - 1) + 1  # the last whole line's start
-                scan.ends_with_line = LAUNCHER_LINE.match(chunk, last, end) is not None
-                if len(scan.ranks) < MAX_RANKS:
-                    scan.ranks.update(int(r) for r in set(RANK_LABEL.findall(chunk, 0, end)))
-                scan.offset += end
-                if not full:
-                    return
+        for chunk, end in files.whole_lines(path, scan):
+            for m in LAUNCHER_LINE.finditer(chunk, 0, end):
+                scan.lines.append(m.group(0)[:LINE_CHARS].decode("utf-8", errors="replace"))
+                scan.times.append(when)
+            last = chunk.rfind(b"\n", 0, end - 1) + 1  # the last whole line's start
+            scan.ends_with_line = LAUNCHER_LINE.match(chunk, last, end) is not None
+            if len(scan.ranks) < MAX_RANKS:
+                scan.ranks.update(int(r) for r in set(RANK_LABEL.findall(chunk, 0, end)))
