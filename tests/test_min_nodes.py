@@ -214,6 +214,17 @@ def test_each_generation_has_its_own_ports() -> None:
     assert generations.generation_ports(65533, 1) == (65529, 65530, 65531)
 
 
+def _no_longer_subreaper() -> None:
+    """An in-process Supervisor makes pytest's process a child subreaper; undo it, or the
+    orphans of later tests' SIGKILLed launchers are adopted here (the fault matrix's
+    node-SIGKILL row then saw its worker left behind when it ran after these tests)."""
+    from determined_launch.supervisor import processes
+
+    prctl = processes._libc_prctl()
+    if prctl is not None:
+        prctl(processes._PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
 def test_a_frozen_chief_holds_only_its_own_generations_port(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A stopped process holds generation 0's control port (the frozen chief):
@@ -257,6 +268,7 @@ def test_a_frozen_chief_holds_only_its_own_generations_port(
         finally:
             shutil.rmtree(gen2.job_dir, ignore_errors=True)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, sup.deferred)
+            _no_longer_subreaper()
         why = sup.decision.why
         assert not sup.decision.restart
         assert why.startswith("not restarting: this node cannot lead the job's generation here: "
@@ -294,6 +306,7 @@ def test_a_chief_that_never_answers_is_lost_too(min_nodes: int | None,
         shutil.rmtree(runtime.job_dir, ignore_errors=True)
         # a restart keeps signals blocked for the next generation: there is none here
         signal.pthread_sigmask(signal.SIG_UNBLOCK, sup.deferred)
+        _no_longer_subreaper()
     why = sup.decision.why
     assert "the chief's launcher on node 1 (127.0.0.1) could not be reached within its " \
            "connect timeout (could not reach the chief's launcher at 127.0.0.1:" in why
