@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     __version__: str
 
-from determined_launch._user import LOG_FORMAT
+from determined_launch._user import LOG_FORMAT, package_version
 
 #: attribute -> the module that defines it (or is it)
 _LAZY = {
@@ -61,21 +61,10 @@ _LAZY = {
 }
 
 
-def _version() -> str:
-    """pyproject.toml's ``version``, as the installed package's metadata says it:
-    the one source ``__version__``, ``det-launch --version`` and checkpoint
-    metadata read. A checkout on ``PYTHONPATH``, never installed, has none."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("determined_launch")
-    except PackageNotFoundError:
-        return "0+unknown"
-
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # read on use: importlib.metadata costs ~10 ms at import
-        return _version()
+        return package_version()
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'determined_launch' has no attribute {name!r}")

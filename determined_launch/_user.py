@@ -16,6 +16,19 @@ from typing import Iterator
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 
 
+def package_version() -> str:
+    """pyproject.toml's ``version``, as the installed package's metadata says it:
+    the one source of ``determined_launch.__version__``, ``det-launch --version``
+    and checkpoint metadata (here, so a lower layer reads it without importing the
+    package's face). A checkout on ``PYTHONPATH``, never installed, has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("determined_launch")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def show_info_logs() -> None:
     """INFO lines on stderr when the program set up no logging of its own
     (a configured root logger wins), so progress lines show by default."""

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from determined_launch._user import package_version
 from determined_launch.core._async_save import CheckpointSaveError
 from determined_launch.core._rundir import read_jsonl
 from determined_launch.pytorch.api.trial import _state_from_dict, _TrialState
@@ -29,13 +30,6 @@ from determined_launch.pytorch.checkpoints.snapshot import cpu_copy
 from determined_launch.pytorch.data.batch_sizes import resize_check
 
 logger = logging.getLogger("determined_launch.pytorch")
-
-
-def _version() -> str:
-    """The package's one version source (``determined_launch.__version__``)."""
-    import determined_launch
-
-    return str(determined_launch.__version__)
 
 
 class Checkpointer:
@@ -180,7 +174,7 @@ class Checkpointer:
     def _metadata(self, state: _TrialState) -> dict[str, Any]:
         dist = self.context.distributed
         metadata = {
-            "determined_version": _version(),
+            "determined_version": package_version(),
             "steps_completed": state.batches_trained,
             "framework": f"torch-{torch.__version__}",
             "format": "pickle",
