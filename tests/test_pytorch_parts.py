@@ -5,6 +5,7 @@ context). Fast: no Trainer, no launcher."""
 
 from __future__ import annotations
 
+import gc
 import pathlib
 import sys
 from typing import Any, Optional
@@ -246,11 +247,15 @@ def test_batch_step_run_calls_nothing_of_ours_per_batch() -> None:
         per_batch: list[dict[str, Any]] = []
         step = BatchStep(Trial(), ctx, {})
         preempt = core.PreemptContext(core_context.distributed, max_sync_interval=8)
+        # an earlier test's objects collected mid-loop would run their finalizers here
+        gc.collect()
+        gc.disable()
         sys.setprofile(profile)
         try:
             end, _, polled = step.run(iter(loader), loader, 0, 0, 30, per_batch, preempt)
         finally:
             sys.setprofile(None)
+            gc.enable()
         assert (end, polled, len(per_batch)) == (30, False, 30)
         assert set(ours) <= {"should_preempt"}, sorted(set(ours))
         # polled after every batch, but called only where it may check (sync points)

@@ -129,6 +129,7 @@ class Context:
         _progress.stop()
         self.preempt.close()
         self.distributed.close()
+        self.train._run_dir.close()
         if save_failed is not None and not (_exc_info and _exc_info[0] is not None):
             raise save_failed
 

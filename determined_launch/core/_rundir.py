@@ -129,6 +129,12 @@ class RunDir:
                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
             return self._fds[stream]
 
+    def close(self) -> None:
+        """Close the streams' files now rather than at garbage collection (a later
+        ``append`` opens its stream again)."""
+        with self._fds_lock:
+            _close_all(self._fds)
+
     def write_pointer(self, name: str, value: Mapping[str, Any]) -> None:
         self._mkdir()
         write_atomically(self.path / f"{name}.json", dumps(dict(value)) + "\n")
