@@ -77,7 +77,24 @@ def experiment_names(api: Api, name: str, ids: Optional[list[int]]) -> Optional[
         return None
     ids = [t["trial_id"] for t in trials][:MAX_TRIALS] if ids is None else ids
     dirs = (api.trial_dir(name, tid) for tid in ids)
-    return {"groups": merged_names(api.runs_reader, (d for d in dirs if d is not None))}
+    return {"groups": merged_names(api.runs_reader, (d for d in dirs if d is not None)),
+            "categorical_hparams": categorical_hparams(api, name)}
+
+
+def categorical_hparams(api: Api, name: str) -> list[str]:
+    """Hyperparameters the search space declares categorical (Optuna's
+    CategoricalDistribution), so a chart draws ``[32, 64]`` as two categories."""
+    exp_dir = api.catalog.experiments().get(name)
+    if exp_dir is None:
+        return []
+    study, _ = api._study(exp_dir, api._record(exp_dir))  # the study the trial rows come from
+    found: set[str] = set()
+    for t in study:  # ui/journal.py's Trial has kinds; Optuna's FrozenTrial distributions
+        kinds = getattr(t, "kinds", None) or {}
+        found.update(k for k, kind in kinds.items() if kind[0] == "categorical")
+        dists = getattr(t, "distributions", None) or {}
+        found.update(k for k, d in dists.items() if type(d).__name__ == "CategoricalDistribution")
+    return sorted(found)
 
 
 def experiment_metric(api: Api, name: str, group: str, metric: str,
