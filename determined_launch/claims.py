@@ -8,8 +8,9 @@ members (a hard link of a complete file: the name appears whole or not at
 all). A claim succeeds only if it extends the lineage: generation ``g-1``'s
 claim names the members this group ran with. So of two groups, the first to
 claim continues, and the other stops, even one that goes on to a later
-generation number on its own. Object storage can do the same with a
-conditional put (``If-None-Match: *``); not built.
+generation number on its own. With S3 checkpoint storage the same files
+live in the bucket instead, created by a conditional put (``If-None-Match:
+*``; ``bucket_claims``): then no node needs a shared run directory.
 
 Every file there is signed with a key derived from the job secret and
 written and read without following links (``signed_files``); a claim whose
@@ -17,10 +18,10 @@ signature, generation or members do not fit this job is ignored and named
 once (``parse_claim``): writing into a shared run directory cannot stop a
 job's nodes or make them follow a forged membership.
 
-This protects only where every node sees the same run directory (a shared
-file system, as its checkpoints need); with node-local run directories a
-surviving node that never saw its chief's claim of generation 0 says the
-run directory is not shared, and stops (``generations.not_shared``).
+In a run directory this protects only where every node sees the same one (a
+shared file system); with node-local run directories (and no S3 bucket) a
+surviving node that finds no claim of generation 0 says the run directory
+is not shared, and stops (``generations.not_shared``).
 
 The same directory lets a node that comes back **rejoin** (``presence``):
 every launcher of a job touches ``alive-<rank>`` every second (saying the generation it
@@ -42,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from determined_launch.errors import LaunchError
 from determined_launch.presence import (  # noqa: F401  (re-exported: the launcher's names)
@@ -53,7 +54,10 @@ from determined_launch.presence import (  # noqa: F401  (re-exported: the launch
     STARTING,
     Presence,
 )
-from determined_launch.signed_files import CLAIMS_DIR, SignedDir, say
+from determined_launch.signed_files import ClaimFiles, SignedDir, say
+
+if TYPE_CHECKING:
+    from determined_launch.core.storage.spec import StorageSpec
 
 NEW, REJOIN = "new", "rejoin"
 END = "end.json"
@@ -163,17 +167,33 @@ def _nodes(members: tuple[int, ...]) -> str:
 
 class Claims(Presence):
     """The claims of a ``num_nodes``-node job in ``run_dir``, signed with a
-    key derived from ``secret`` (its presence files too: ``Presence``)."""
+    key derived from ``secret`` (its presence files too: ``Presence``), or
+    in ``files`` (a bucket: ``bucket_claims``)."""
 
     def __init__(self, run_dir: pathlib.Path, secret: str, num_nodes: int,
-                 say: Callable[[str], None] = say) -> None:
-        super().__init__(SignedDir(run_dir, secret, say), num_nodes)
-        self.dir = run_dir / CLAIMS_DIR
+                 say: Callable[[str], None] = say, files: Optional[ClaimFiles] = None) -> None:
+        super().__init__(files or SignedDir(run_dir, secret, say), num_nodes)
+        self.dir: Union[pathlib.Path, str] = self.files.path
+        #: every node sees these claims (a bucket), whatever its run directory
+        self.shared = files is not None
 
     @classmethod
-    def open(cls, run_dir: pathlib.Path, secret: str, num_nodes: int) -> Claims:
-        """The launcher's: a run directory that others may write is refused
+    def open(cls, run_dir: pathlib.Path, secret: str, num_nodes: int,
+             storage: Optional[StorageSpec] = None, job: str = "job") -> Claims:
+        """The launcher's: in the S3 bucket of ``storage`` (the checkpoint
+        storage) under ``job``, else in ``run_dir``. A run directory that
+        others may write, or a store this user cannot write, is refused
         (LaunchError: one line, exit status 2)."""
+        if storage is not None and storage.protocol == "s3":
+            from determined_launch.bucket_claims import SignedBucket
+            from determined_launch.core.storage.objectstore import make_filesystem
+
+            bucket = SignedBucket(make_filesystem(storage), storage.url, job, secret)
+            why = bucket.unwritable()
+            if why is not None:
+                raise LaunchError(f"{why}; --min-nodes keeps its nodes' claims in the "
+                                  f"checkpoint storage's bucket")
+            return cls(run_dir, secret, num_nodes, files=bucket)
         try:
             claims = cls(run_dir, secret, num_nodes)
         except OSError as e:

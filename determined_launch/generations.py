@@ -259,6 +259,9 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                     continue
                 if _ends_job(judge, gen, claims):
                     claims.end()
+                if status != 0 and gen.number > 0 and not claims.shared and (
+                        not claims.others_seen(me)):  # the peers' words were "never connected"
+                    _say(not_shared(claims.dir, gen.members[0], me))
             if not decision.restart:
                 return status, gen.info
             members = decision.members or gen.members
@@ -277,7 +280,8 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
                                    checkpoint=decision.resume.checkpoint,
                                    steps=decision.resume.steps)
                 if why is not None:
-                    if unseen and decision.generation == 1:
+                    if not claims.shared and (unseen and decision.generation == 1 or (
+                            claims.stamp(0) is None)):  # no job ever claimed here: not shared
                         why = not_shared(claims.dir, gen.members[0])
                     _say(f"not restarting: {why}; exit status {status}")
                     return status, gen.info
@@ -288,11 +292,16 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         alive.set()
 
 
-def not_shared(where: pathlib.Path, chief: int) -> str:
-    """Why survivors on node-local run directories cannot continue (one line)."""
-    return (f"the run directory is not shared: this node ran generation 0 with the chief's "
-            f"launcher (node {chief}) connected, but never saw its claim in {where}; --min-nodes "
-            f"needs one run directory that every node sees (a shared file system)")
+def not_shared(where: object, chief: int, me: Optional[int] = None) -> str:
+    """Why survivors on node-local run directories cannot continue (one line):
+    a worker never saw the chief's claims, the chief (``me``) never saw
+    another node's alive file."""
+    saw = ("the chief's launcher (node {chief}) connected, but never saw its claim" if (
+        me != chief) else "the other nodes connected, but never saw their launchers' alive files")
+    return (f"the run directory is not shared: this node ran generation 0 with "
+            f"{saw.format(chief=chief)} in {where}; --min-nodes "
+            f"needs one run directory that every node sees (a shared file system) or S3 "
+            f"checkpoint storage (the claims go to its bucket)")
 
 
 def _ends_job(judge: Restarts, gen: Generation, claims: Claims) -> bool:

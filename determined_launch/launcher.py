@@ -20,6 +20,7 @@ from typing import Any, Optional
 from determined_launch import config, envvars, expconf, run_lease, rundir, usage
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
+from determined_launch.bucket_claims import job_name
 from determined_launch.claims import Claims
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
@@ -225,7 +226,11 @@ def run(
 
     # --min-nodes: nodes may continue without others; claims (signed with the job's key)
     # keep that to one group. One node has no others (and its secret is its own process's).
-    claims = Claims.open(run_dir_for(info.trial, env), job_secret(info, env), info.num_nodes) if (
+    # With S3 checkpoint storage they live in its bucket: node-local run directories suffice.
+    claims = Claims.open(
+        run_dir_for(info.trial, env), job_secret(info, env), info.num_nodes,
+        configured_storage(env, info.checkpoint_storage),
+        job_name(info.trial.trial_id, info.trial.experiment_id)) if (
         judge is not None and options.min_nodes is not None and info.trial is not None
         and info.num_nodes > 1) else None
     sup = options.supervisor  # a rejoining node waits for the job's next checkpoint

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from determined_launch.signed_files import SignedDir
+from determined_launch.signed_files import ClaimFiles
 
 #: how often a running launcher touches its alive file, and when it is stale
 ALIVE_EVERY = 1.0
@@ -38,7 +38,7 @@ def rank_of(name: str, prefix: str, num_nodes: int) -> Optional[int]:
 class Presence:
     """The alive and join files of the job's ``num_nodes`` nodes in ``files``."""
 
-    def __init__(self, files: SignedDir, num_nodes: int) -> None:
+    def __init__(self, files: ClaimFiles, num_nodes: int) -> None:
         self.files = files
         self.num_nodes = num_nodes
 
@@ -71,6 +71,12 @@ class Presence:
             elif says == JOINING:
                 waiting.add(node)
         return running, waiting
+
+    def others_seen(self, me: int) -> bool:
+        """A launcher of another node of this job wrote its alive file here
+        (ever: with node-local run directories none does)."""
+        return any(node != me and self.files.read(name) is not None
+                   for node, name in self._ranks(ALIVE))
 
     def ask_to_join(self, me: int) -> None:
         self.files.write(f"{JOIN}{me}", "join")

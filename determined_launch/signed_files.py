@@ -33,7 +33,7 @@ import secrets
 import stat
 import sys
 import weakref
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 #: under the run directory
 CLAIMS_DIR = "generations"
@@ -86,6 +86,36 @@ def printable(name: str) -> str:
 
 def say(line: str) -> None:
     print(f"det-launch: {line}", file=sys.stderr, flush=True)
+
+
+class Stat(Protocol):
+    """What the claims read of a file's status (``os.stat_result``, or a bucket's ``Stamp``)."""
+
+    @property
+    def st_ino(self) -> int: ...
+    @property
+    def st_mtime(self) -> float: ...
+    @property
+    def st_mtime_ns(self) -> int: ...
+
+
+class ClaimFiles(Protocol):
+    """Where a job's signed claims and presence files live: ``SignedDir`` (the
+    run directory) or ``bucket_claims.SignedBucket`` (S3). ``write(exclusive=
+    True)`` is create-if-absent: the one operation the rules depend on."""
+
+    path: Any
+    say: Callable[[str], None]
+
+    def refusal(self) -> Optional[str]: ...
+    def unwritable(self) -> Optional[str]: ...
+    def reset(self) -> None: ...
+    def names(self) -> list[str]: ...
+    def write(self, name: str, text: str, exclusive: bool = False) -> bool: ...
+    def read(self, name: str) -> Optional[str]: ...
+    def stat(self, name: str) -> Optional[Stat]: ...
+    def unlink(self, name: str) -> None: ...
+    def tell(self, name: str, why: str) -> None: ...
 
 
 class SignedDir:

@@ -1,0 +1,158 @@
+"""``--min-nodes`` claims and presence in an S3 bucket: nothing shared but the bucket.
+
+Kubernetes pods and spot VMs share no file system: every node has its own
+run directory, but they all see the job's checkpoint storage. When that is
+S3, the files ``signed_files.SignedDir`` keeps in ``<run_dir>/generations``
+live under ``<prefix>/.det-launch/<job>/generations/`` instead, with the
+same names, the same signatures and the same rules (``claims``):
+
+* create-if-absent is a conditional put (``If-None-Match: *``): of two
+  groups of survivors that claim one generation, S3 accepts exactly one;
+* replace-if-unchanged is ``If-Match: <etag>`` (``replace``);
+* an alive file is a plain put (only its own node writes it), and its age is
+  the bucket's clock (``LastModified``), as the directory's is the file
+  system's: the nodes' clocks may differ.
+
+The client is the checkpoint storage's own (``objectstore.make_filesystem``,
+s3fs over aiobotocore): the same credentials, endpoint and retries. A
+request that fails counts as "not there now" (a read) or "not written" (a
+write), as an unreadable file does in the directory: a claim that cannot be
+made stops the group that needs it, never a second group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import zlib
+from typing import Any, Callable, Optional
+
+from determined_launch.signed_files import CLAIMS_DIR, MAX_BYTES, claims_key, printable, say, sign
+from determined_launch.signed_files import verify as _verify
+
+#: under the checkpoint storage's prefix; the job's name follows
+BUCKET_DIR = ".det-launch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    """What ``stat`` tells of an object (the names of ``os.stat_result``'s fields
+    that the claims read): a new object has a new etag or a newer time."""
+
+    st_ino: int
+    st_mtime: float
+    st_mtime_ns: int
+    etag: str
+
+
+class SignedBucket:
+    """The signed files of one job under ``<url>/.det-launch/<job>/generations``."""
+
+    def __init__(self, fs: Any, url: str, job: str, secret: str,
+                 say: Callable[[str], None] = say) -> None:
+        self.fs = fs
+        base = fs._strip_protocol(url).rstrip("/")
+        self.bucket, _, prefix = base.partition("/")
+        self.prefix = "/".join(p for p in (prefix, BUCKET_DIR, job, CLAIMS_DIR) if p) + "/"
+        #: printable, never with credentials
+        self.path = f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
+        self.key = claims_key(secret)
+        self.say = say
+        self._told: set[str] = set()
+
+    def _call(self, method: str, name: str, **kwargs: Any) -> Any:
+        return self.fs.call_s3(method, Bucket=self.bucket, Key=self.prefix + name, **kwargs)
+
+    # ------------------------------------------------------------------ the store
+    def refusal(self) -> Optional[str]:
+        return None  # who may write the bucket is its credentials' business, not a mode's
+
+    def unwritable(self) -> Optional[str]:
+        """Why objects cannot be made here (one line; ``None``: they can)."""
+        probe = f".probe.{secrets.token_hex(6)}"
+        try:
+            self._call("put_object", probe, Body=b"", IfNoneMatch="*")
+            self._call("delete_object", probe)
+        except Exception as e:  # any failure: the launcher stops before anything starts
+            return f"cannot write in {self.path}: {_line(e)}"
+        return None
+
+    def reset(self) -> None:
+        """A new job: every object of an earlier one goes."""
+        for name in self.names():
+            self.unlink(name)
+
+    def names(self) -> list[str]:
+        found: list[str] = []
+        token: dict[str, Any] = {}
+        try:
+            while True:
+                page = self.fs.call_s3("list_objects_v2", Bucket=self.bucket,
+                                       Prefix=self.prefix, **token)
+                found += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
+                if not page.get("IsTruncated"):
+                    return found
+                token = {"ContinuationToken": page["NextContinuationToken"]}
+        except Exception:
+            return found
+
+    def write(self, name: str, text: str, exclusive: bool = False) -> bool:
+        """``name`` holds ``text``, signed. ``exclusive``: only if no ``name``
+        exists yet (``If-None-Match: *``; False if one does)."""
+        cond = {"IfNoneMatch": "*"} if exclusive else {}
+        try:
+            self._call("put_object", name, Body=sign(self.key, name, text), **cond)
+            return True
+        except Exception:  # 412 (s3fs: FileExistsError) or the request failed
+            return False
+
+    def replace(self, name: str, text: str, seen: Stamp) -> bool:
+        """``name`` holds ``text`` if it is still the object ``seen`` (``If-Match``)."""
+        try:
+            self._call("put_object", name, Body=sign(self.key, name, text), IfMatch=seen.etag)
+            return True
+        except Exception:
+            return False
+
+    def read(self, name: str) -> Optional[str]:
+        """The text of ``name`` if this job signed it; ``None`` if absent or not (told once)."""
+        try:  # a bounded range: an object planted there may be of any size
+            raw = self.fs.cat_file(f"{self.bucket}/{self.prefix}{name}", start=0,
+                                   end=MAX_BYTES + 1)
+        except Exception:
+            return None
+        text = None if len(raw) > MAX_BYTES else _verify(self.key, name, raw)
+        if text is None:
+            self.tell(name, f"over {MAX_BYTES // 1024} KiB" if len(raw) > MAX_BYTES else
+                      "not signed with this job's key (another job's, or not a launcher's)")
+        return text
+
+    def stat(self, name: str) -> Optional[Stamp]:
+        try:
+            head = self._call("head_object", name)
+        except Exception:
+            return None
+        etag, when = str(head.get("ETag", "")), head["LastModified"].timestamp()
+        return Stamp(zlib.crc32(etag.encode()), when, int(when * 1e9), etag)
+
+    def unlink(self, name: str) -> None:
+        try:
+            self._call("delete_object", name)
+        except Exception:
+            pass
+
+    def tell(self, name: str, why: str) -> None:
+        """Name an object that is ignored, once per name."""
+        if name not in self._told:
+            self._told.add(name)
+            self.say(f"ignoring {self.path}/{printable(name)}: {why}")
+
+
+def job_name(trial_id: int, experiment_id: Optional[int]) -> str:
+    """The job's folder in the bucket: one per trial, as its run directory."""
+    return f"trial-{trial_id}" if experiment_id is None else (
+        f"experiment-{experiment_id}-trial-{trial_id}")
+
+
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

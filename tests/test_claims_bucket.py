@@ -1,0 +1,247 @@
+"""Issue 35 §2: ``--min-nodes`` claims and presence on object storage alone.
+
+The rules of ``claims`` against both of its storages, the run directory and
+an S3 bucket (moto's server over real HTTP, which implements ``If-None-Match:
+*`` and ``If-Match``); then one job of three nodes, each with its own run
+directory and its checkpoints in the bucket, that loses a node and ends with
+the uninterrupted run's weight."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from determined_launch import generations
+from determined_launch.bucket_claims import SignedBucket, job_name
+from determined_launch.claims import JOINING, Claims, Survey
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.core.storage.objectstore import make_filesystem
+from determined_launch.core.storage.spec import parse_storage
+from determined_launch.errors import LaunchError
+from determined_launch.signed_files import sign
+from determined_launch.supervisor.events import Failure
+from determined_launch.supervisor.peers import UNREACHED
+from determined_launch.supervisor.restarts import Decision, Progress
+from tests.conftest import Launch, free_port_block
+from tests.storage_servers import S3Server
+from tests.test_min_nodes import final_w, kill_when_paused, node_command, reference
+
+SECRET = "c" * 32
+Make = Callable[..., Claims]
+
+
+def bucket_of(s3: S3Server, bucket: str) -> Any:
+    return parse_storage(s3.block(bucket), where="test")
+
+
+@pytest.fixture(params=["directory", "s3"])
+def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
+    """Claims of one 3-node job as another node sees them (a fresh object per call)."""
+    if request.param == "directory":
+        yield lambda secret=SECRET, told=None: Claims(
+            tmp_path, secret, 3, **({"say": told} if told else {}))
+        return
+    s3: S3Server = request.getfixturevalue("s3_server")
+    spec = bucket_of(s3, s3.new_bucket())
+
+    def in_bucket(secret: str = SECRET, told: Any = None) -> Claims:
+        if told is None:  # the launcher's way in; no run directory holds anything
+            return Claims.open(tmp_path / "unused", secret, 3, spec, "trial-1")
+        return Claims(tmp_path, secret, 3, files=SignedBucket(
+            make_filesystem(spec), spec.url, "trial-1", secret, told))
+    yield in_bucket
+
+
+def test_two_groups_of_survivors_cannot_both_continue(make: Make) -> None:
+    """A partition: nodes 0+2 and node 1 each think the others lost. The first
+    claim of generation 1 wins; the other group stops, also at generation 2."""
+    make().start((0, 1, 2))
+    a, b = make(), make()
+    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None
+    assert a.claim(1, (0, 2), previous=(0, 1, 2)) is None  # the same group again: fine
+    assert b.claim(1, (1, 2), previous=(0, 1, 2)) == (
+        "generation 1 of this job was already started by nodes 0, 2")
+    assert b.claim(2, (1,), previous=(1, 2)) == (
+        "generation 1 of this job ran on nodes 0, 2, not on this group's nodes 1, 2: another "
+        "group of nodes continued the job")
+    assert a.claim(2, (0,), previous=(0, 2)) is None
+    assert sorted(n for n in b.files.names() if n.endswith(".json")) == [
+        "0.json", "1.json", "2.json"]
+    assert b.superseded(1, (0, 2)) == (
+        "generation 2 was claimed by node 0 while this node ran generation 1")
+    make().start((0, 1, 2))  # a new job: the old claims go
+    assert b.claim(1, (1, 2), previous=(0, 1, 2)) is None
+
+
+def test_of_racing_claims_exactly_one_is_created(make: Make) -> None:
+    """Eight nodes' launchers claim generation 1 at once, each for another
+    membership: the store's create-if-absent lets exactly one through."""
+    make().start((0, 1, 2))
+    groups = [(0, 1), (0, 2), (1, 2), (0,), (1,), (2,), (0, 1), (1, 2)]
+    results: list[Any] = [None] * len(groups)
+    ready = threading.Barrier(len(groups))
+
+    def claim(i: int) -> None:
+        c = make()
+        ready.wait()
+        results[i] = c.claim(1, groups[i], previous=(0, 1, 2))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(groups))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    won = make().read(1)
+    assert won is not None
+    assert all((r is None) == (g == won) for r, g in zip(results, groups)), results
+
+
+def test_presence_says_who_runs_and_who_waits(make: Make) -> None:
+    c = make()
+    assert c.survey(2) == Survey()  # nothing here: a new job
+    c.start((0, 1, 2))
+    assert make().survey(1) == Survey(newest=0, others_running=True)  # a late member
+    assert make().survey(1) == Survey(newest=0, was_here=True, others_running=True)  # relaunch
+    assert c.claim(1, (0, 1), (0, 1, 2), checkpoint="ck-4", steps=4, restarts=1) is None
+    c.touch(0, JOINING)
+    assert c.census(2) == (set(), {0})
+    c.ask_to_join(2)
+    assert make().joiners() == (2,)
+    c.forget_joins((2,))
+    assert make().joiners() == ()
+    assert make().load(1) == generations.Claim(1, (0, 1), "ck-4", 4, 1)
+    assert not c.ended()
+    c.end()
+    assert make().ended() and make().survey(1).ended
+
+
+def test_a_forged_or_foreign_claim_is_ignored_and_named_once(make: Make) -> None:
+    told: list[str] = []
+    mine = make(told=told.append)
+    mine.start((0, 1, 2))
+    other = make(secret="x" * 32)  # another job's key: its files are not this job's
+    other.files.write("1.json", json.dumps({"generation": 1, "members": [1]}), exclusive=True)
+    assert mine.read(1) is None and mine.read(1) is None
+    assert mine.claim(1, (0, 2), (0, 1, 2)) == (
+        f"generation 1 of this job cannot be claimed: {mine.dir}/1.json is not its claim")
+    assert len(told) == 1 and told[0].startswith("ignoring ") and told[0].endswith(
+        "/1.json: not signed with this job's key (another job's, or not a launcher's)")
+    # signed, but naming a node this 3-node job does not have
+    mine.files.write("2.json", json.dumps({"generation": 2, "members": [0, 7]}))
+    assert mine.newest() == generations.Claim(0, (0, 1, 2))
+
+
+# ------------------------------------------------------------------ the bucket only
+def test_bucket_conditional_writes_and_bounded_reads(s3_server: S3Server) -> None:
+    spec = bucket_of(s3_server, s3_server.new_bucket())
+    files = SignedBucket(make_filesystem(spec), spec.url, job_name(7, 3), SECRET)
+    assert files.path == f"{spec.url}/.det-launch/experiment-3-trial-7/generations"
+    assert files.write("a", "one", exclusive=True)
+    assert not files.write("a", "two", exclusive=True)  # If-None-Match: *
+    seen = files.stat("a")
+    assert seen is not None and files.read("a") == "one"
+    assert files.replace("a", "three", seen)  # If-Match: the object seen
+    assert not files.replace("a", "four", seen)  # it changed since
+    assert files.read("a") == "three"
+    after = files.stat("a")
+    assert after is not None and after.st_ino != seen.st_ino
+    # a huge object planted there is read no further than the bound
+    client = s3_server.client()
+    bucket, key = files.bucket, files.prefix + "big"
+    client.put_object(Bucket=bucket, Key=key, Body=sign(files.key, "big", "x" * 200_000))
+    told: list[str] = []
+    files.say = told.append
+    assert files.read("big") is None and told == [
+        f"ignoring {files.path}/big: over 64 KiB"]
+    assert files.stat("gone") is None and files.read("gone") is None
+
+
+def test_an_unwritable_bucket_is_one_line(s3_server: S3Server, tmp_path: Path) -> None:
+    spec = bucket_of(s3_server, "no-such-bucket")
+    with pytest.raises(LaunchError) as e:
+        Claims.open(tmp_path, SECRET, 2, spec, "trial-1")
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(
+        "cannot write in s3://no-such-bucket/exp/.det-launch/trial-1/generations: ")
+    assert line.endswith("--min-nodes keeps its nodes' claims in the checkpoint storage's bucket")
+
+
+def _loop(tmp_path: Path, me: int, failure: Failure, lost: int) -> int:
+    """One node of 3 on its own run directory (no bucket) runs generation 0,
+    which ends in ``failure`` (node ``lost`` gone); the generation loop decides."""
+    claims = Claims(tmp_path / f"run{me}", SECRET, 3)
+    j = generations.Restarts(3, lambda: Progress("ck-4", 4), Progress(), (0, 1, 2), me, 1)
+    info = ClusterInfo(("h0", "h1", "h2"), me, (1, 1, 1), (0,), "test")
+    first = [True]
+
+    def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+        if first[0]:
+            first[0] = False
+            return 1, j.decide(1, failure, frozenset({lost})), frozenset()
+        # generation 1: its other member never comes (it stopped on its own disk)
+        return 1, j.decide(1, Failure(1, "the launcher", 2, "h2", 2.0,
+                                      how="never connected within 1s"), frozenset({2})), frozenset()
+
+    return generations.run_generations(info, j, one, claims, join_timeout=0.3,
+                                       claim_wait=0.2)[0]
+
+
+@pytest.mark.parametrize("me", [0, 2])
+def test_node_local_run_directories_without_a_bucket_say_so(
+        tmp_path: Path, me: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """§0.4: with node-local run directories (no bucket) a worker that
+    survives a lost node was told "a new job started there" (when the chief
+    was unreachable) and the chief "node 2 never connected": both must say
+    that the run directory is not shared."""
+    lost = Failure(137, "the launcher", 1, "h1", 1.0,
+                   how=f"{UNREACHED} within its connect timeout (refused)")
+    status = _loop(tmp_path, me, lost, 1)
+    err = capsys.readouterr().err
+    assert status == 1 and "a new job started there" not in err, err
+    assert re.search(r"det-launch: (not restarting: )?the run directory is not shared: this "
+                     r"node ran generation 0 with .* --min-nodes needs one run directory that "
+                     r"every node sees \(a shared file system\) or S3 checkpoint storage", err), err
+
+
+# ------------------------------------------------------------------ one real job
+@pytest.mark.slow
+def test_node_local_run_directories_and_a_bucket_lose_a_node_exactly(
+        tmp_path: Path, launches: list[Launch], s3_server: S3Server) -> None:
+    """3 nodes, --min-nodes 2, each node its own run directory, checkpoints
+    and claims in the moto bucket: node 2's launcher is killed at step 6
+    (checkpoint at 4); nodes 0 and 1 continue and end exactly."""
+    bucket = s3_server.new_bucket()
+    storage = tmp_path / "storage.yaml"  # the environment names a block by its file
+    storage.write_text(json.dumps(s3_server.block(bucket)))  # (JSON is YAML)
+    flags = ("--max-restarts", "2", "--min-nodes", "2")
+    port = free_port_block(12)
+    nodes = [Launch(*node_command(tmp_path, rank, 3, port, flags, PAUSE_NODE="2",
+                                  DET_RUN_DIR=str(tmp_path / f"run{rank}"),
+                                  DET_CHECKPOINT_STORAGE=str(storage))) for rank in range(3)]
+    launches.extend(nodes)
+    kill_when_paused(tmp_path, nodes[2])
+    for node in nodes[:2]:
+        assert node.wait(90) == 0, node.stdout + node.stderr
+    assert math.isclose(final_w(nodes[0].stdout), reference(), abs_tol=1e-9), nodes[0].stdout
+    assert "node=0 rank=0 size=2 start=4" in nodes[0].stdout
+    assert re.search(r"continuing without node 2 on nodes 0, 1", nodes[0].stderr), nodes[0].stderr
+    for rank in range(3):  # nothing of the claims on any node's disk
+        assert not (tmp_path / f"run{rank}" / "generations").exists()
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(
+        Bucket=bucket, Prefix="exp/.det-launch/")["Contents"]]
+    job = keys[0].split("/")[2]
+    assert all(k.startswith(f"exp/.det-launch/{job}/generations/") for k in keys), keys
+    spec = bucket_of(s3_server, bucket)
+    claims = Claims(tmp_path, "m" * 32, 3, files=SignedBucket(
+        make_filesystem(spec), spec.url, job, "m" * 32))
+    claim = claims.load(1)
+    assert claim is not None and claim.members == (0, 1) and claims.ended()
+    for node in nodes:
+        assert node.leftovers() == []
