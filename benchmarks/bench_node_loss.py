@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = r"""
@@ -165,7 +165,9 @@ class Node:
         return None
 
 
-def one(nodes_n: int, victim: int, work: str, kind: str) -> dict[str, float]:
+def one(nodes_n: int, victim: int, work: str, kind: str,
+        node_env: Optional[Callable[[int, str], dict[str, str]]] = None) -> dict[str, float]:
+    """One kill; ``node_env(rank, run)``: more environment for a node (bench_node_loss_bucket)."""
     run = tempfile.mkdtemp(prefix="bench-node-loss-", dir=work)
     script = os.path.join(run, "worker.py")
     source, backend = KINDS[kind]
@@ -183,6 +185,7 @@ def one(nodes_n: int, victim: int, work: str, kind: str) -> dict[str, float]:
                        DET_CLUSTER_INFO_FILE=info, C10D_PORT=str(port),
                        DET_DIST_SECRET="b" * 32, DET_RUN_DIR=os.path.join(run, "run"),
                        DET_KILL_AFTER="3", DET_LAUNCH_CONNECT_TIMEOUT="30")
+            env.update(node_env(rank, run) if node_env else {})
             nodes.append(Node([sys.executable, "-m", "determined_launch.cli", "--max-restarts",
                                "9", "--min-nodes", "1", backend, "--", sys.executable, script],
                               env))
