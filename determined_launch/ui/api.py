@@ -284,6 +284,7 @@ class Api:
         events, times = r.launcher_timed(run_dir)
         return {**r.status(run_dir), **r.outcome(events), "groups": r.groups(run_dir),
                 "launcher_events": events, "_times": times, "log_ranks": r.log_ranks(run_dir),
+                "stragglers": r.stragglers(run_dir),
                 "history": outcome.history(events, times, "running", None, None, None),
                 "ended": None, "output_tail": None,
                 "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}

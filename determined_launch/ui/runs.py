@@ -12,10 +12,11 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol, Union
 
-from determined_launch.ui import files, shape
+from determined_launch.ui import files, outcome, shape
 from determined_launch.ui.cache import ByteLru
 from determined_launch.ui.logscan import LauncherLines
 
@@ -24,6 +25,12 @@ NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "tas
                          "stragglers"})
 GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
 LOG_LIMIT = 1 << 20
+#: a log search (``logs?q=``) reads at most the log's last SEARCH_BYTES and
+#: answers at most SEARCH_LINES lines (the newest)
+SEARCH_BYTES = 64 << 20
+SEARCH_LINES = 2000
+#: longest search text
+SEARCH_CHARS = 200
 #: unread bytes above which a chart gets a preview while the stream is read (~80,000 rows)
 PREVIEW_BYTES = 8 << 20
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
@@ -281,19 +288,39 @@ class RunReader:
         return {"size": None, "storage": None, "found": False, "metadata": None}
 
     def logs(self, run_dir: str, rank: Optional[int], offset: Optional[int],
-             limit: int = LOG_LIMIT) -> tuple[str, int]:
+             limit: int = LOG_LIMIT, search: Optional[str] = None) -> tuple[str, int]:
         """The run's output (``output.log``) from ``offset`` (default: its
-        last ``limit`` bytes); with ``rank``, only that rank's lines."""
-        data, end = files.tail_bytes(os.path.join(run_dir, "output.log"), self.roots,
-                                     offset, limit)
-        if rank is not None:
-            keep = []
-            for line in data.splitlines(keepends=True):
-                m = RANK_PREFIX.match(line)
-                if m and int(m.group(1)) == rank:
-                    keep.append(line)
-            data = b"".join(keep)
-        return shape.redact_text(data.decode("utf-8", errors="replace")), end
+        last ``limit`` bytes); with ``rank``, only that rank's lines; with
+        ``search``, only the lines that contain it (ASCII letters in either
+        case), and without ``offset`` the log's last ``SEARCH_BYTES`` are
+        searched, a ``limit`` at a time (the newest ``SEARCH_LINES`` found
+        come back)."""
+        path = os.path.join(run_dir, "output.log")
+        if search is None or offset is not None:
+            data, end = files.tail_bytes(path, self.roots, offset, limit)
+            return _kept_lines([data], rank, search), end
+        real = files.confined(path, self.roots)
+        try:
+            pos = max(0, os.stat(real).st_size - SEARCH_BYTES) if real else 0
+        except OSError:
+            pos = 0
+        chunks: deque[bytes] = deque()
+        found = 0  # lines in chunks
+        data, end = files.tail_bytes(path, self.roots, pos, limit)
+        if pos > 0:  # begin at a whole line
+            cut = data.find(b"\n") + 1
+            data = data[cut:] if cut else b""
+        while data:
+            chunks.append(_matching(data, rank, search))
+            found += chunks[-1].count(b"\n")
+            while found - chunks[0].count(b"\n") >= SEARCH_LINES:
+                found -= chunks.popleft().count(b"\n")  # older than the newest SEARCH_LINES
+            data, end = files.tail_bytes(path, self.roots, end, limit)
+        return _kept_lines(list(chunks), None, search), end
+
+    def stragglers(self, run_dir: str) -> dict[str, Any]:
+        """Slow ranks the launcher recorded (``stragglers.jsonl``): now and lately."""
+        return outcome.stragglers(shape.redact(self.table(run_dir, "stragglers").records))
 
     def launcher_events(self, run_dir: str) -> list[str]:
         """The launcher's own lines (preempted, restarted, failed) from the log,
@@ -353,6 +380,36 @@ class RunReader:
         first = [t for t in first if t == t]
         last = [t for t in last if t == t]
         return (min(first) if first else None, max(last) if last else None)
+
+
+def _matching(data: bytes, rank: Optional[int], search: Optional[str]) -> bytes:
+    """The lines of ``data`` of ``rank`` (if given) that hold ``search`` (if given)."""
+    if rank is None and search is None:
+        return data
+    needle = None if search is None else re.compile(
+        re.escape(search.encode("utf-8", errors="replace")), re.IGNORECASE)
+    keep = []
+    for line in data.splitlines(keepends=True):
+        if rank is not None:
+            m = RANK_PREFIX.match(line)
+            if not m or int(m.group(1)) != rank:
+                continue
+        if needle is None or needle.search(line):
+            keep.append(line)
+    return b"".join(keep)
+
+
+def _kept_lines(chunks: Sequence[bytes], rank: Optional[int], search: Optional[str]) -> str:
+    """``_matching``'s lines as the page gets them: redacted, and a line whose
+    match was in what the redaction masked left out (a search never tells a
+    secret's presence); a search answers at most ``SEARCH_LINES`` lines."""
+    text = shape.redact_text(b"".join(_matching(c, rank, search) for c in chunks).decode(
+        "utf-8", errors="replace"))
+    if search is None:
+        return text
+    needle = re.compile(re.escape(search), re.IGNORECASE)
+    lines = [line for line in text.splitlines(keepends=True) if needle.search(line)]
+    return "".join(lines[-SEARCH_LINES:])
 
 
 def _encode(rows: list[dict[str, Any]]) -> bytes:

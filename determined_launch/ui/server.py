@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 from determined_launch.common.redact import printable
 from determined_launch.ui.api import Api
 from determined_launch.ui.conn import BoundedServer, DeadlineHandler
-from determined_launch.ui.runs import GROUP, Storages
+from determined_launch.ui.runs import GROUP, SEARCH_CHARS, Storages
 
 STATIC = pathlib.Path(__file__).parent / "static"
 #: every file the pages need, by URL name (nothing else under /static/ exists)
@@ -282,7 +282,8 @@ class Handler(DeadlineHandler):
         if seg == ["logs"]:
             rank = _int(query, "rank", 0, 1 << 20)
             offset = _int(query, "offset", 0, 1 << 62)
-            text, end = reader.logs(run_dir, rank, offset)
+            search = query.get("q", [""])[0][:SEARCH_CHARS] or None
+            text, end = reader.logs(run_dir, rank, offset, search=search)
             return text.encode(), "text/plain", {"X-Log-Offset": str(end)}
         raise NotFound
 
