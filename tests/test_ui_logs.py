@@ -83,3 +83,14 @@ def test_stragglers_of_a_trial_and_a_run(tmp_path: pathlib.Path) -> None:
         (1, 3, "h1", 0.42, 0.1)]
     assert [(e["rank"], e["straggler"], e["time"]) for e in events] == [
         (3, True, 100.0), (2, True, 101.0), (2, False, 130.0)]
+
+
+def test_the_experiment_table_marks_a_straggling_trial(tmp_path: pathlib.Path) -> None:
+    from determined_launch.experiment.report import slow_ranks
+
+    assert slow_ranks(tmp_path) == ""
+    record_straggler(str(tmp_path), Change(3, True, 0.42, 0.1), 1, "h1", 100.0)
+    record_straggler(str(tmp_path), Change(5, True, 0.5, 0.1), 0, "h0", 101.0)
+    assert slow_ranks(tmp_path) == ", straggler: rank 5 (node 0), rank 3 (node 1)"
+    record_straggler(str(tmp_path), Change(5, False, 0.11, 0.1), 0, "h0", 130.0)
+    assert slow_ranks(tmp_path) == ", straggler: rank 3 (node 1)"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from determined_launch.common.redact import redact
+from determined_launch.common.redact import printable, redact
 from determined_launch.experiment import searchers as se
 from determined_launch.experiment.owners import ATTR_BEAT, ATTR_FAILED, ATTR_OWNER, owner_alive
 from determined_launch.experiment.trial import (
@@ -26,6 +26,7 @@ from determined_launch.experiment.trial import (
     write_private,
 )
 from determined_launch.exproot import trial_id_of
+from determined_launch.supervisor import stragglers
 from determined_launch.values import plain
 
 STATES = {"COMPLETE": "completed", "PRUNED": "stopped (ASHA)", "RUNNING": "running",
@@ -137,9 +138,34 @@ def rows(trials: Sequence[Any], smaller: bool,
         best = best_value(t, smaller)
         run_dir = None if exp_dir is None else exp_dir / "trials" / str(trial_id_of(t))
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(redact(hparams_of(t)).items()))
-        out.append([str(trial_id_of(t)), state_of(t), "-" if best is None else plain(best),
-                    progress_of(run_dir), params])
+        out.append([str(trial_id_of(t)), state_of(t) + slow_ranks(run_dir),
+                    "-" if best is None else plain(best), progress_of(run_dir), params])
     return out
+
+
+def slow_ranks(run_dir: Optional[pathlib.Path], tail: int = 64 << 10) -> str:
+    """``, straggler: rank 3 (node 1)`` while the launcher's last word on a rank
+    (``stragglers.jsonl``, its last ``tail`` bytes) is that it is slow; else ``""``."""
+    if run_dir is None:
+        return ""
+    try:
+        with open(run_dir / "stragglers.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            lines = f.read(tail).splitlines()
+    except OSError:
+        return ""
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except (ValueError, RecursionError):
+            continue  # a line cut by the tail, or not ours
+    now = stragglers.summary(records)["now"]
+    if not now:
+        return ""
+    return ", straggler: " + ", ".join(f"rank {e['rank']} (node {printable(e['node'])})"
+                                     for e in now[:4]) + (
+        f" and {len(now) - 4} more" if len(now) > 4 else "")
 
 
 def render_table(trials: Sequence[Any], metric: str, smaller: bool,

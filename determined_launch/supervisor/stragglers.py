@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 RATIO = 2.0
 RUN = 50
@@ -55,3 +56,25 @@ class StragglerRule:
                     self.flagged.discard(rank)
                     out.append(Change(rank, False, t, median))
         return out
+
+
+def summary(records: Iterable[Any], keep: int = 50) -> dict[str, Any]:
+    """The run directory's ``stragglers.jsonl`` (``watchdog.record_straggler``'s
+    lines, parsed) as ``{now: ranks slow at their last record, events: the
+    newest ``keep`` changes}``, for det-launch ui and the experiment table; a
+    line not of that shape is left out."""
+    events: list[dict[str, Any]] = []
+    slow: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        if not isinstance(r, dict) or not isinstance(r.get("rank"), int) or isinstance(
+                r.get("rank"), bool) or not isinstance(r.get("straggler"), bool):
+            continue
+        event = {k: r.get(k) for k in ("time", "rank", "node", "host", "straggler",
+                                        "step_time", "median")}
+        events.append(event)
+        key = (str(event["node"]), int(r["rank"]))
+        if event["straggler"]:
+            slow[key] = event
+        else:
+            slow.pop(key, None)
+    return {"now": [slow[k] for k in sorted(slow)], "events": events[-keep:]}

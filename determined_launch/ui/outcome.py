@@ -127,36 +127,6 @@ def run_ended(exit_status: int) -> str:
     return state if exit_status == 0 else f"errored (exit status {exit_status})"
 
 
-#: straggler changes a page lists (the newest)
-STRAGGLER_EVENTS = 50
-
-
-def stragglers(records: Sequence[Any]) -> dict[str, Any]:
-    """``stragglers.jsonl`` (supervisor/watchdog.py's ``record_straggler``) as
-    ``{now: ranks slow at their last record, events: the newest changes}``;
-    a line not of that shape is left out."""
-    events: list[dict[str, Any]] = []
-    slow: dict[tuple[Any, Any], dict[str, Any]] = {}
-    for r in records:
-        if not isinstance(r, dict) or not _whole(r.get("rank")) or not isinstance(
-                r.get("straggler"), bool):
-            continue
-        event = {k: r.get(k) for k in ("time", "rank", "node", "host", "straggler",
-                                        "step_time", "median")}
-        events.append(event)
-        key = (event["node"], event["rank"])
-        if event["straggler"]:
-            slow[key] = event
-        else:
-            slow.pop(key, None)
-    return {"now": sorted(slow.values(), key=lambda e: (str(e["node"]), e["rank"])),
-            "events": events[-STRAGGLER_EVENTS:]}
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def output_tail(text: str, lines: int = 20) -> str:
     """The last ``lines`` lines of the output, without the launcher's own."""
     kept = [line for line in text.splitlines() if not line.startswith("det-launch")]

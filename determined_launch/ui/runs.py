@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol, Union
 
-from determined_launch.ui import files, outcome, shape
+from determined_launch.supervisor import stragglers
+from determined_launch.ui import files, shape
 from determined_launch.ui.cache import ByteLru
 from determined_launch.ui.logscan import LauncherLines
 
@@ -320,7 +321,7 @@ class RunReader:
 
     def stragglers(self, run_dir: str) -> dict[str, Any]:
         """Slow ranks the launcher recorded (``stragglers.jsonl``): now and lately."""
-        return outcome.stragglers(shape.redact(self.table(run_dir, "stragglers").records))
+        return stragglers.summary(shape.redact(self.table(run_dir, "stragglers").records))
 
     def launcher_events(self, run_dir: str) -> list[str]:
         """The launcher's own lines (preempted, restarted, failed) from the log,
