@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 NEW, REJOIN = "new", "rejoin"
 END = "end.json"
+#: the job's newest checkpoint, where the run directories are the nodes' own (``SharedProgress``)
+PROGRESS = "progress.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,9 +308,54 @@ class Claims(Presence):
         self.claim(newest.generation + 1, group, newest.members, checkpoint=checkpoint,
                    steps=steps, restarts=newest.restarts + 1)
 
+    def published(self) -> Optional[tuple[str, Optional[int]]]:
+        """The newest checkpoint a node of this job published (``SharedProgress``)."""
+        text = self.files.read(PROGRESS)
+        raw = _json(text) if text is not None else None
+        if not isinstance(raw, dict) or not isinstance(raw.get("checkpoint"), str):
+            return None
+        steps = raw.get("steps")
+        return raw["checkpoint"], steps if type(steps) is int and steps >= 0 else None
+
     def ended(self) -> bool:
         return self.files.read(END) is not None
 
     def end(self) -> None:
         """The job ended (the final chief): no one waits to rejoin it."""
         self.files.write(END, "{}")
+
+
+class SharedProgress:
+    """Where the claims are in a bucket and every node has its own run
+    directory, only the chief's records the job's checkpoints; survivors of a
+    lost chief would resume from the start. So a node whose run directory
+    gets a newer checkpoint (this launcher's workers committed it) publishes
+    it in the bucket (``publish``, every second), and the restart decision
+    reads the published one (``__call__``: ``read``'s kind, ``Progress``)."""
+
+    def __init__(self, claims: Claims, read: Callable[[], Any]) -> None:
+        self.claims, self.read = claims, read
+        self.seen = read().checkpoint  # an older launcher's record is not news
+
+    def publish(self) -> Any:
+        """This node's newest checkpoint, published if it is new here."""
+        local = self.read()
+        if local.checkpoint is not None and local.checkpoint != self.seen:
+            text = json.dumps({"checkpoint": local.checkpoint, "steps": local.steps})
+            if self.claims.files.write(PROGRESS, text):
+                self.seen = local.checkpoint
+        return local
+
+    def __call__(self) -> Any:
+        local = self.publish()
+        found = self.claims.published()
+        if found is None or found[0] == local.checkpoint:
+            return local
+        return dataclasses.replace(local, checkpoint=found[0], steps=found[1])
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None

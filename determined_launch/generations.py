@@ -34,6 +34,7 @@ from determined_launch.claims import (
     STARTING,
     Claim,
     Claims,
+    SharedProgress,
     arrival,
 )
 from determined_launch.cluster.info import ClusterInfo
@@ -224,7 +225,11 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
     alive = threading.Event()
     unseen = False  # generation 0 ran here, and no claim of it was ever here
     running: list[object] = [0]  # the generation this node runs, for its alive file
+    publish: Optional[Callable[[], object]] = None
     if claims is not None and judge is not None:
+        if claims.shared:  # node-local run directories: checkpoints are known through the bucket
+            judge.read = shared = SharedProgress(claims, judge.read)
+            publish = shared.publish
         first = claims.stamp(0)  # a new job's chief replaces it
         found = claims.survey(me)
         rejoin = arrival(found) == REJOIN
@@ -234,7 +239,7 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
             claims.start(everyone)
         elif found.ended or found.newest != 0 or not found.others_running:
             running[0] = STARTING  # until this job's chief claims generation 0
-        threading.Thread(target=_keep_alive, args=(claims, me, running, alive, first),
+        threading.Thread(target=_keep_alive, args=(claims, me, running, alive, first, publish),
                          daemon=True).start()
         if rejoin:
             gen = _rejoin(info, judge, claims, join_timeout)
@@ -321,7 +326,8 @@ def _wait_for_claim(claims: Claims, generation: int, timeout: float) -> None:
 
 
 def _keep_alive(claims: Claims, me: int, running: list[object], stop: threading.Event,
-                first: Optional[tuple[int, int]]) -> None:
+                first: Optional[tuple[int, int]],
+                publish: Optional[Callable[[], object]] = None) -> None:
     """Touch this node's alive file every ``ALIVE_EVERY`` seconds; a new job's
     node says it runs generation 0 once its chief claimed it (a node started
     again after that is a relaunch: it rejoins)."""
@@ -329,6 +335,8 @@ def _keep_alive(claims: Claims, me: int, running: list[object], stop: threading.
         if running[0] == STARTING and claims.stamp(0) not in (None, first):
             running[0] = 0
         claims.touch(me, running[0])
+        if publish is not None:
+            publish()
         if stop.wait(ALIVE_EVERY):
             return
 

@@ -138,6 +138,32 @@ def test_a_forged_or_foreign_claim_is_ignored_and_named_once(make: Make) -> None
     assert mine.newest() == generations.Claim(0, (0, 1, 2))
 
 
+def test_survivors_of_a_lost_chief_find_its_checkpoint_through_the_bucket(
+        s3_server: S3Server, tmp_path: Path) -> None:
+    """Node-local run directories: only the chief's records its checkpoints.
+    Without the published one, the survivors of a lost chief resumed from the
+    job's start (found with a chief killed 2 s after its commit)."""
+    from determined_launch.claims import SharedProgress
+
+    spec = bucket_of(s3_server, s3_server.new_bucket())
+    chief, survivor, relaunch = (Claims.open(tmp_path / f"run{i}", SECRET, 3, spec, "trial-1")
+                                 for i in range(3))
+    chief.start((0, 1, 2))
+    records = {"chief": Progress(), "survivor": Progress(), "relaunch": Progress("ck-0", 0)}
+    on_chief = SharedProgress(chief, lambda: records["chief"])
+    on_survivor = SharedProgress(survivor, lambda: records["survivor"])
+    assert on_survivor() == Progress()  # nothing committed yet
+    records["chief"] = Progress("ck-4", 4)  # the chief's workers commit
+    assert on_chief.publish() == Progress("ck-4", 4)
+    assert on_survivor() == Progress("ck-4", 4)  # its own run directory has none
+    # a relaunched node's old record (from before this launcher) is not published over it
+    on_relaunch = SharedProgress(relaunch, lambda: records["relaunch"])
+    assert on_relaunch() == Progress("ck-4", 4) and on_relaunch.publish() == Progress("ck-0", 0)
+    assert survivor.published() == ("ck-4", 4)
+    records["survivor"] = Progress("ck-8", 8)  # the survivors' new chief commits
+    assert on_survivor() == Progress("ck-8", 8) and chief.published() == ("ck-8", 8)
+
+
 # ------------------------------------------------------------------ the bucket only
 def test_bucket_conditional_writes_and_bounded_reads(s3_server: S3Server) -> None:
     spec = bucket_of(s3_server, s3_server.new_bucket())
