@@ -7,6 +7,7 @@ server's 404). Nothing here writes: the UI is a reader beside the flow.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import Any, Optional
 from determined_launch.common.redact import printable
 from determined_launch.exproot import trial_id_of
 from determined_launch.ui import files, outcome, shape
+from determined_launch.ui.bodies import Bodies, stat_signature
 from determined_launch.ui.catalog import Catalog
 from determined_launch.ui.runs import RemoteCheckpoints, RunReader, Storages
 from determined_launch.ui.study import Studies, StudyError
@@ -37,6 +39,7 @@ class Api:
         self.runs_reader = RunReader(self.roots)
         self.studies = Studies(study_storage, self.roots)
         self.rows = TrialRows(self.runs_reader)
+        self.bodies = Bodies()
 
     # -- experiments ---------------------------------------------------------------
 
@@ -164,6 +167,42 @@ class Api:
     def curves_body(self, name: str) -> Optional[bytes]:
         entries = self._entries(name)
         return None if entries is None else b"[" + b",".join(e.curve_json() for e in entries) + b"]"
+
+    #: an experiment's answers kept whole while unchanged (bodies.py): URL part -> made by
+    PARTS = ("", "trials", "searcher_metric", "importance")
+
+    def experiment_body(self, name: str, part: str) -> Optional[tuple[bytes, str]]:
+        """(JSON body, ETag) of the experiment's answer ``part`` (one of
+        ``PARTS``; "" is the summary), built again only when its inputs'
+        signature changed: an unchanged poll of 10,000 trials is a few stats."""
+        exp_dir = self.catalog.experiments().get(name)
+        if exp_dir is None:
+            return None
+        return self.bodies.get((exp_dir, name, part), self._signature(exp_dir),
+                               functools.partial(self._build, name, part))
+
+    def _signature(self, exp_dir: str) -> Optional[tuple[Any, ...]]:
+        study = self.studies.signature(exp_dir, self._record(exp_dir))
+        if study is None:
+            return None
+        return (stat_signature(os.path.join(exp_dir, "experiment.json")), study,
+                outcome.killed(exp_dir), self.rows.filled)
+
+    def _build(self, name: str, part: str) -> Optional[tuple[bytes, bool]]:
+        """(body, whether it may be kept): never while something runs (a
+        running trial's row and state depend on the clock and its files)."""
+        if part in ("", "importance"):
+            value = self.experiment(name) if part == "" else self.importance(name)
+            if value is None:
+                return None
+            body = json.dumps(value, separators=(",", ":")).encode()
+            return body, part == "importance" or value.get("state") != "running"
+        entries = self._entries(name)
+        if entries is None:
+            return None
+        encode = TrialEntry.row_json if part == "trials" else TrialEntry.curve_json
+        body = b"[" + b",".join(encode(e) for e in entries) + b"]"
+        return body, not any(e.row["state"] == "running" for e in entries)
 
     def trial_dir(self, name: str, trial_id: int) -> Optional[str]:
         exp_dir = self.catalog.experiments().get(name)

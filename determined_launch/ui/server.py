@@ -211,7 +211,7 @@ class Handler(DeadlineHandler):
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
                        json.dumps({"error": type(e).__name__}).encode(), "application/json")
             return
-        etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+        etag = extra.get("ETag") or '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
         if self.headers.get("If-None-Match") == etag:
             self._send(HTTPStatus.NOT_MODIFIED, b"", ctype, extra={**extra, "ETag": etag},
                        head=True)
@@ -245,14 +245,9 @@ class Handler(DeadlineHandler):
             return _json({**dict.fromkeys(ACTIONS, on), "csrf": self.server.csrf})
         if len(seg) >= 2 and seg[0] == "experiments":
             name = seg[1]
-            if len(seg) == 2:
-                return _json(_found(api.experiment(name)))
-            if seg[2:] == ["trials"]:
-                return _found(api.trials_body(name)), "application/json", {}
-            if seg[2:] == ["importance"]:
-                return _json(_found(api.importance(name)))
-            if seg[2:] == ["searcher_metric"]:
-                return _found(api.curves_body(name)), "application/json", {}
+            if len(seg) <= 3 and "/".join(seg[2:]) in api.PARTS:  # kept while unchanged
+                body, etag = _found(api.experiment_body(name, "/".join(seg[2:])))
+                return body, "application/json", {"ETag": etag}
             if len(seg) >= 4 and seg[2] == "trials" and seg[3].isdigit():
                 tid = int(seg[3])
                 if len(seg) == 4:

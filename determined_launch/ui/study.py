@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from determined_launch.common.redact import printable
 from determined_launch.errors import LaunchError
+from determined_launch.ui.bodies import stat_signature
 from determined_launch.ui.files import confined
 from determined_launch.ui.journal import JournalReader
 
@@ -46,7 +47,7 @@ class Studies:
         self.roots = roots
         self._lock = threading.Lock()
         self._open: dict[str, tuple[threading.Lock, list[Any]]] = {}
-        self._cache: dict[str, tuple[float, list[Any]]] = {}
+        self._cache: dict[str, tuple[float, Any, list[Any]]] = {}
         self._importance: dict[str, tuple[int, dict[str, float]]] = {}
         self._readers: dict[str, JournalReader] = {}
 
@@ -91,9 +92,12 @@ class Studies:
         with self._lock:
             lock, slot = self._open.setdefault(exp_dir, (threading.Lock(), []))
         with lock:
+            # The file's signature first: a read kept from before a write is
+            # never served after it (answers are kept by this signature, bodies.py).
+            signature = self.signature(exp_dir, record)
             hit = self._cache.get(exp_dir)
-            if hit is not None and time.monotonic() - hit[0] < TTL:
-                return hit[1]
+            if hit is not None and time.monotonic() - hit[0] < TTL and hit[1] == signature:
+                return hit[2]
             url = self._url(exp_dir, record)
             if url is None or "://" not in url:
                 path = url or self._inside(os.path.join(exp_dir, "study.journal"),
@@ -107,8 +111,25 @@ class Studies:
                     slot.append(opened)
                 storage, study_id = slot[0]
                 trials = list(storage.get_all_trials(study_id, deepcopy=False))
-            self._cache[exp_dir] = (time.monotonic(), trials)
+            self._cache[exp_dir] = (time.monotonic(), signature, trials)
             return trials
+
+    def signature(self, exp_dir: str, record: dict[str, Any]) -> Optional[tuple[Any, ...]]:
+        """What changes when the study does: its file's (a journal's, an SQLite
+        database's and its WAL's) stat; None for a server database (no
+        signature: answers from it are never kept)."""
+        try:
+            url = self._url(exp_dir, record)
+        except StudyError as e:
+            return ("error", str(e))
+        if url is None:
+            url = os.path.join(exp_dir, "study.journal")
+        if url.startswith("sqlite:///file:"):
+            path = url[len("sqlite:///file:"):].split("?", 1)[0]
+            return (url, stat_signature(path), stat_signature(path + "-wal"))
+        if "://" in url:
+            return None
+        return (url, stat_signature(url))
 
     def _journal(self, path: str, name: str) -> list[Any]:
         reader = self._readers.get(path)

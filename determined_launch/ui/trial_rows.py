@@ -72,6 +72,8 @@ class TrialRows:
         self._exp_locks: dict[str, threading.Lock] = {}
         self._pending: queue.SimpleQueue[TrialEntry] = queue.SimpleQueue()
         self._filler: Optional[threading.Thread] = None
+        #: rows filled in so far (a kept answer made before a fill is stale, bodies.py)
+        self.filled = 0
 
     def entries(self, exp_dir: str, trials: list[Any], smaller: bool) -> list[TrialEntry]:
         with self._lock:
@@ -117,6 +119,7 @@ class TrialRows:
                       f"{printable(e)}", file=sys.stderr, flush=True)
                 continue
             entry.row = shape.finite({**entry.row, **columns})
+            self.filled += 1
 
     def _file_columns(self, run_dir: str) -> dict[str, Any]:
         return {"checkpoints": sum(1 for c in self.runs_reader.table(run_dir, "checkpoints")
