@@ -3,9 +3,11 @@
 Determined ships these samples to its master for the web UI; off-cluster
 each report is one line of ``<run_dir>/profiler.jsonl``: the averages of
 ``samples_per_report`` samples taken ``sampling_interval`` seconds apart,
-grouped as Determined groups them (``cpu``, ``memory``, ``disk``, ``network``),
+grouped as Determined groups them (``cpu``, ``memory``, ``disk``, ``network``,
+and ``gpu`` where NVML sees GPUs: the ``[gpu]`` extra's ``nvidia-ml-py``),
 plus the node (``cross_rank``) and host name. Metrics are per machine, so only
-each node's ``local_rank`` 0 samples.
+each node's ``local_rank`` 0 samples. With ``--report-to mlflow`` the chief's
+node's samples also go to MLflow as its system metrics (core/trackers/).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 from determined_launch.core._dist import Collectives
@@ -23,17 +26,69 @@ logger = logging.getLogger("determined_launch.core")
 
 STREAM = "profiler"
 _GiB = 1024.0**3
+GROUPS = ("cpu", "memory", "disk", "network", "gpu")
 
 
-def _sample(psutil: Any, last: dict[str, Any], now: float) -> dict[str, dict[str, float]]:
+def open_nvml() -> Optional[tuple[Any, list[Any]]]:
+    """NVML and its GPU handles, or ``None`` (no package, no driver, no GPU):
+    GPU sampling is then off, said once at debug level."""
+    try:
+        import pynvml  # the [gpu] extra: nvidia-ml-py
+    except ImportError:
+        logger.debug("profiler: no GPU metrics (the nvidia-ml-py package is not installed: "
+                     "pip install 'determined_launch[gpu]')")
+        return None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                   for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception as e:  # pynvml.NVMLError: no driver or library on this machine
+        logger.debug("profiler: no GPU metrics (NVML: %s)", e)
+        return None
+    if not handles:
+        logger.debug("profiler: no GPU metrics (NVML sees no GPU)")
+        _shutdown(pynvml)
+        return None
+    return pynvml, handles
+
+
+def _shutdown(nvml: Any) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except Exception as e:  # only a log line: the sampler is ending anyway
+        logger.debug("profiler: NVML shutdown: %s", e)
+
+
+def gpu_sample(nvml: Any, handles: list[Any]) -> dict[str, float]:
+    """Per GPU ``i``: ``gpu_util_<i>`` (percent of time a kernel ran),
+    ``gpu_memory_used_<i>`` (GiB) and ``gpu_memory_percent_<i>``; a GPU whose
+    query fails (it fell off the bus) is left out of this sample."""
+    out: dict[str, float] = {}
+    for i, handle in enumerate(handles):
+        try:
+            util = nvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        except Exception as e:  # pynvml.NVMLError
+            logger.debug("profiler: GPU %d: %s", i, e)
+            continue
+        out[f"gpu_util_{i}"] = float(util.gpu)
+        out[f"gpu_memory_used_{i}"] = mem.used / _GiB
+        out[f"gpu_memory_percent_{i}"] = 100.0 * mem.used / mem.total if mem.total else 0.0
+    return out
+
+
+def _sample(psutil: Any, last: dict[str, Any], now: float,
+            gpu: Optional[Callable[[], dict[str, float]]] = None) -> dict[str, dict[str, float]]:
     """One sample; disk and network as rates since the previous one."""
     mem = psutil.virtual_memory()
     disk, net = psutil.disk_io_counters(), psutil.net_io_counters()
     out = {
         "cpu": {"cpu_util_simple": float(psutil.cpu_percent(interval=None))},
-        "memory": {"free_memory": mem.available / _GiB},
+        "memory": {"free_memory": mem.available / _GiB,
+                   "memory_percent": float(mem.percent)},
         "disk": {},
         "network": {},
+        "gpu": gpu() if gpu is not None else {},
     }
     dt = now - last.get("time", now)
     if dt > 0 and disk is not None and "disk" in last:
@@ -54,21 +109,24 @@ def _sample(psutil: Any, last: dict[str, Any], now: float) -> dict[str, dict[str
 
 def _average(samples: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    for group in ("cpu", "memory", "disk", "network"):
+    for group in GROUPS:
         values: dict[str, list[float]] = {}
         for s in samples:
-            for k, v in s[group].items():
+            for k, v in s.get(group, {}).items():
                 values.setdefault(k, []).append(v)
-        out[group] = {k: sum(v) / len(v) for k, v in values.items()}
+        if values or group != "gpu":  # no "gpu" group on a machine without one
+            out[group] = {k: sum(v) / len(v) for k, v in values.items()}
     return out
 
 
 class ProfilerContext:
     """``on()`` starts a background sampler thread, ``off()`` stops it; both idempotent."""
 
-    def __init__(self, dist: Collectives, run_dir: RunDir) -> None:
+    def __init__(self, dist: Collectives, run_dir: RunDir,
+                 on_report: Optional[Callable[[dict[str, Any]], None]] = None) -> None:
         self._dist = dist
         self._run_dir = run_dir
+        self._on_report = on_report  # the chief's trackers (core/trackers: system metrics)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -102,24 +160,33 @@ class ProfilerContext:
             thread.join(timeout=10)
 
     def _run(self, psutil: Any, interval: float, per_report: int) -> None:
-        last: dict[str, Any] = {}
-        psutil.cpu_percent(interval=None)  # the first call only sets the baseline
-        _sample(psutil, last, time.monotonic())
-        samples: list[dict[str, dict[str, float]]] = []
-        while not self._stop.wait(interval):
-            samples.append(_sample(psutil, last, time.monotonic()))
-            if len(samples) >= per_report:
+        nvml = open_nvml()  # on this thread: NVML's init may take a second
+        gpu = (lambda: gpu_sample(*nvml)) if nvml is not None else None
+        try:
+            last: dict[str, Any] = {}
+            psutil.cpu_percent(interval=None)  # the first call only sets the baseline
+            _sample(psutil, last, time.monotonic())
+            samples: list[dict[str, dict[str, float]]] = []
+            while not self._stop.wait(interval):
+                samples.append(_sample(psutil, last, time.monotonic(), gpu))
+                if len(samples) >= per_report:
+                    self._report(samples)
+                    samples = []
+            if samples:
                 self._report(samples)
-                samples = []
-        if samples:
-            self._report(samples)
+        finally:
+            if nvml is not None:
+                _shutdown(nvml[0])
 
     def _report(self, samples: list[dict[str, dict[str, float]]]) -> None:
+        record = {"node": getattr(self._dist, "cross_rank", 0), "host": socket.gethostname(),
+                  "time": time.time(), **_average(samples)}
         try:
-            self._run_dir.append(STREAM, {"node": getattr(self._dist, "cross_rank", 0),
-                                          "host": socket.gethostname(), **_average(samples)})
+            self._run_dir.append(STREAM, record)
         except OSError as e:  # a full disk must not kill training from a side thread
             logger.warning("profiler: cannot write %s: %s", self._run_dir.path, e)
+        if self._on_report is not None:
+            self._on_report(record)  # a queue append (trackers never raise into here)
 
 
 class DummyProfilerContext(ProfilerContext):

@@ -161,6 +161,7 @@ class Trackers:
         self._sinks = tuple(sinks)
         self._flush_seconds = flush_seconds
         self._closed = False
+        self._system_step = -1
         # A script that never closes its core.init() context still delivers (bounded).
         atexit.register(self._at_exit)
 
@@ -169,6 +170,19 @@ class Trackers:
 
     def report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         item = ("metrics", group, int(steps_completed), dict(metrics))
+        for sink in self._sinks:
+            sink.put(item)
+
+    def system(self, record: Mapping[str, Any]) -> None:
+        """One profiler report (``core/_profiler.py``, the profiler's thread): MLflow's
+        system metrics, numbered as MLflow numbers its samples."""
+        from determined_launch.core.trackers._system import mlflow_names
+
+        values = mlflow_names(record)
+        if not values:
+            return
+        self._system_step += 1
+        item = ("system", self._system_step, float(record.get("time") or time.time()), values)
         for sink in self._sinks:
             sink.put(item)
 

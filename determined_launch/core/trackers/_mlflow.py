@@ -102,6 +102,15 @@ class MlflowBackend:
         for chunk in _chunks(metrics, _MAX_METRICS):
             self._client.log_batch(self._run_id, metrics=chunk)
 
+    def log_system(self, samples: list[tuple[int, float, dict[str, float]]]) -> None:
+        """``system/...`` metrics (trackers/_system.py) at their sample number and time."""
+        from mlflow.entities import Metric
+
+        metrics = [Metric(key, value, int(when * 1000), step)
+                   for step, when, values in samples for key, value in values.items()]
+        for chunk in _chunks(metrics, _MAX_METRICS):
+            self._client.log_batch(self._run_id, metrics=chunk)
+
     def tag(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 

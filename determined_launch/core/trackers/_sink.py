@@ -137,10 +137,14 @@ class Sink:
     def _deliver(self) -> bool:
         records: list[tuple[str, int, dict[str, float]]] = []
         tags: dict[str, str] = {}
+        system: list[tuple[int, float, dict[str, float]]] = []
         while self._queue and len(records) < BATCH:
             item = self._queue.popleft()
             if item[0] == "tags":
                 tags.update(item[1])
+                continue
+            if item[0] == "system":  # (sample number, time, values): not the training steps
+                system.append(item[1:])
                 continue
             _, group, step, metrics = item
             if step <= self._seen.get(group, -1):
@@ -153,8 +157,11 @@ class Sink:
                 self.backend.log(records)
             if tags:
                 self.backend.tag(tags)
+            log_system = getattr(self.backend, "log_system", None)
+            if system and log_system is not None:
+                log_system(system)
         except BaseException as e:
-            self._die("stopped accepting reports", e, len(records) + bool(tags))
+            self._die("stopped accepting reports", e, len(records) + bool(tags) + len(system))
             return False
         for group, step, _ in records:
             self._seen[group] = max(step, self._seen.get(group, -1))
