@@ -1,4 +1,4 @@
-"""``--min-nodes`` claims and presence in an S3 bucket: nothing shared but the bucket.
+"""``--min-nodes`` claims and presence in an S3 or Azure bucket: nothing shared but it.
 
 Kubernetes pods and spot VMs share no file system: every node has its own
 run directory, but they all see the job's checkpoint storage. When that is
@@ -6,15 +6,16 @@ S3, the files ``signed_files.SignedDir`` keeps in ``<run_dir>/generations``
 live under ``<prefix>/.det-launch/<job>/generations/`` instead, with the
 same names, the same signatures and the same rules (``claims``):
 
-* create-if-absent is a conditional put (``If-None-Match: *``): of two
-  groups of survivors that claim one generation, S3 accepts exactly one;
+* create-if-absent is a conditional put (``If-None-Match: *``, fsspec's
+  ``mode="create"``): of two groups of survivors that claim one generation,
+  the store accepts exactly one;
 * replace-if-unchanged is ``If-Match: <etag>`` (``replace``);
 * an alive file is a plain put (only its own node writes it), and its age is
   the bucket's clock (``LastModified``), as the directory's is the file
   system's: the nodes' clocks may differ.
 
-The client is the checkpoint storage's own (``objectstore.make_filesystem``,
-s3fs over aiobotocore): the same credentials, endpoint and retries. A
+The client is the checkpoint storage's own (``objectstore.make_filesystem``:
+s3fs, adlfs): the same credentials, endpoint and retries. A
 request that fails counts as "not there now" (a read) or "not written" (a
 write), as an unreadable file does in the directory: a claim that cannot be
 made stops the group that needs it, never a second group.
@@ -23,6 +24,7 @@ made stops the group that needs it, never a second group.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import secrets
 import zlib
 from typing import Any, Callable, Optional
@@ -51,17 +53,15 @@ class SignedBucket:
     def __init__(self, fs: Any, url: str, job: str, secret: str,
                  say: Callable[[str], None] = say) -> None:
         self.fs = fs
+        self.protocol = url.partition("://")[0]
         base = fs._strip_protocol(url).rstrip("/")
-        self.bucket, _, prefix = base.partition("/")
-        self.prefix = "/".join(p for p in (prefix, BUCKET_DIR, job, CLAIMS_DIR) if p) + "/"
+        self.bucket = base.partition("/")[0]
+        self.root = "/".join((base, BUCKET_DIR, job, CLAIMS_DIR))
         #: printable, never with credentials
-        self.path = f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
+        self.path = f"{self.protocol}://{self.root}"
         self.key = claims_key(secret)
         self.say = say
         self._told: set[str] = set()
-
-    def _call(self, method: str, name: str, **kwargs: Any) -> Any:
-        return self.fs.call_s3(method, Bucket=self.bucket, Key=self.prefix + name, **kwargs)
 
     # ------------------------------------------------------------------ the store
     def refusal(self) -> Optional[str]:
@@ -69,10 +69,10 @@ class SignedBucket:
 
     def unwritable(self) -> Optional[str]:
         """Why objects cannot be made here (one line; ``None``: they can)."""
-        probe = f".probe.{secrets.token_hex(6)}"
+        probe = f"{self.root}/.probe.{secrets.token_hex(6)}"
         try:
-            self._call("put_object", probe, Body=b"", IfNoneMatch="*")
-            self._call("delete_object", probe)
+            self.fs.pipe_file(probe, b"-", mode="create")
+            self.fs.rm_file(probe)
         except Exception as e:  # any failure: the launcher stops before anything starts
             return f"cannot write in {self.path}: {_line(e)}"
         return None
@@ -83,33 +83,34 @@ class SignedBucket:
             self.unlink(name)
 
     def names(self) -> list[str]:
-        found: list[str] = []
-        token: dict[str, Any] = {}
+        self.fs.invalidate_cache(self.root)  # other nodes write: never a cached listing
         try:
-            while True:
-                page = self.fs.call_s3("list_objects_v2", Bucket=self.bucket,
-                                       Prefix=self.prefix, **token)
-                found += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
-                if not page.get("IsTruncated"):
-                    return found
-                token = {"ContinuationToken": page["NextContinuationToken"]}
+            return [str(p).rstrip("/").rsplit("/", 1)[-1]
+                    for p in self.fs.ls(self.root, detail=False)]
         except Exception:
-            return found
+            return []
 
     def write(self, name: str, text: str, exclusive: bool = False) -> bool:
         """``name`` holds ``text``, signed. ``exclusive``: only if no ``name``
         exists yet (``If-None-Match: *``; False if one does)."""
-        cond = {"IfNoneMatch": "*"} if exclusive else {}
         try:
-            self._call("put_object", name, Body=sign(self.key, name, text), **cond)
+            self.fs.pipe_file(f"{self.root}/{name}", sign(self.key, name, text),
+                              mode="create" if exclusive else "overwrite")
             return True
-        except Exception:  # 412 (s3fs: FileExistsError) or the request failed
+        except Exception:  # 412/409 (FileExistsError) or the request failed
             return False
 
     def replace(self, name: str, text: str, seen: Stamp) -> bool:
         """``name`` holds ``text`` if it is still the object ``seen`` (``If-Match``)."""
+        if self.protocol == "az":
+            from azure.core import MatchConditions
+
+            cond: dict[str, Any] = {"etag": seen.etag,
+                                    "match_condition": MatchConditions.IfNotModified}
+        else:
+            cond = {"IfMatch": seen.etag}
         try:
-            self._call("put_object", name, Body=sign(self.key, name, text), IfMatch=seen.etag)
+            self.fs.pipe_file(f"{self.root}/{name}", sign(self.key, name, text), **cond)
             return True
         except Exception:
             return False
@@ -117,8 +118,7 @@ class SignedBucket:
     def read(self, name: str) -> Optional[str]:
         """The text of ``name`` if this job signed it; ``None`` if absent or not (told once)."""
         try:  # a bounded range: an object planted there may be of any size
-            raw = self.fs.cat_file(f"{self.bucket}/{self.prefix}{name}", start=0,
-                                   end=MAX_BYTES + 1)
+            raw = self.fs.cat_file(f"{self.root}/{name}", start=0, end=MAX_BYTES + 1)
         except Exception:
             return None
         text = None if len(raw) > MAX_BYTES else _verify(self.key, name, raw)
@@ -128,16 +128,22 @@ class SignedBucket:
         return text
 
     def stat(self, name: str) -> Optional[Stamp]:
+        path = f"{self.root}/{name}"
+        self.fs.invalidate_cache(path)
         try:
-            head = self._call("head_object", name)
+            info = self.fs.info(path)
         except Exception:
             return None
-        etag, when = str(head.get("ETag", "")), head["LastModified"].timestamp()
-        return Stamp(zlib.crc32(etag.encode()), when, int(when * 1e9), etag)
+        etag = str(info.get("ETag") or info.get("etag") or "")
+        when = info.get("LastModified") or info.get("last_modified")
+        if not etag or not isinstance(when, datetime.datetime):
+            return None
+        stamp = when.timestamp()
+        return Stamp(zlib.crc32(etag.encode()), stamp, int(stamp * 1e9), etag)
 
     def unlink(self, name: str) -> None:
         try:
-            self._call("delete_object", name)
+            self.fs.rm_file(f"{self.root}/{name}")
         except Exception:
             pass
 

@@ -8,8 +8,8 @@ members (a hard link of a complete file: the name appears whole or not at
 all). A claim succeeds only if it extends the lineage: generation ``g-1``'s
 claim names the members this group ran with. So of two groups, the first to
 claim continues, and the other stops, even one that goes on to a later
-generation number on its own. With S3 checkpoint storage the same files
-live in the bucket instead, created by a conditional put (``If-None-Match:
+generation number on its own. With S3 or Azure checkpoint storage the same
+files live in the bucket instead, created by a conditional put (``If-None-Match:
 *``; ``bucket_claims``): then no node needs a shared run directory.
 
 Every file there is signed with a key derived from the job secret and
@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 NEW, REJOIN = "new", "rejoin"
 END = "end.json"
+#: checkpoint storage that keeps the claims (conditional writes: ``bucket_claims``)
+BUCKET_PROTOCOLS = ("s3", "az")
 #: the job's newest checkpoint, where the run directories are the nodes' own (``SharedProgress``)
 PROGRESS = "progress.json"
 
@@ -182,11 +184,11 @@ class Claims(Presence):
     @classmethod
     def open(cls, run_dir: pathlib.Path, secret: str, num_nodes: int,
              storage: Optional[StorageSpec] = None, job: str = "job") -> Claims:
-        """The launcher's: in the S3 bucket of ``storage`` (the checkpoint
-        storage) under ``job``, else in ``run_dir``. A run directory that
+        """The launcher's: in the S3 bucket (Azure container) of ``storage``
+        (the checkpoint storage) under ``job``, else in ``run_dir``. A run directory that
         others may write, or a store this user cannot write, is refused
         (LaunchError: one line, exit status 2)."""
-        if storage is not None and storage.protocol == "s3":
+        if storage is not None and storage.protocol in BUCKET_PROTOCOLS:
             from determined_launch.bucket_claims import SignedBucket
             from determined_launch.core.storage.objectstore import make_filesystem
 

@@ -306,7 +306,7 @@ def not_shared(where: object, chief: int, me: Optional[int] = None) -> str:
     return (f"the run directory is not shared: this node ran generation 0 with "
             f"{saw.format(chief=chief)} in {where}; --min-nodes "
             f"needs one run directory that every node sees (a shared file system) or S3 "
-            f"checkpoint storage (the claims go to its bucket)")
+            f"or Azure checkpoint storage (the claims go to its bucket)")
 
 
 def _ends_job(judge: Restarts, gen: Generation, claims: Claims) -> bool:

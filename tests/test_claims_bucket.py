@@ -41,15 +41,20 @@ def bucket_of(s3: S3Server, bucket: str) -> Any:
     return parse_storage(s3.block(bucket), where="test")
 
 
-@pytest.fixture(params=["directory", "s3"])
+@pytest.fixture(params=["directory", "s3", "azure"])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
     """Claims of one 3-node job as another node sees them (a fresh object per call)."""
     if request.param == "directory":
         yield lambda secret=SECRET, told=None: Claims(
             tmp_path, secret, 3, **({"say": told} if told else {}))
         return
-    s3: S3Server = request.getfixturevalue("s3_server")
-    spec = bucket_of(s3, s3.new_bucket())
+    if request.param == "azure":
+        az = request.getfixturevalue("azurite")
+        spec = parse_storage({"type": "azure", "container": az.new_container(), "prefix": "exp",
+                              "connection_string": az.connection_string}, where="test")
+    else:
+        s3: S3Server = request.getfixturevalue("s3_server")
+        spec = bucket_of(s3, s3.new_bucket())
 
     def in_bucket(secret: str = SECRET, told: Any = None) -> Claims:
         if told is None:  # the launcher's way in; no run directory holds anything
@@ -180,13 +185,26 @@ def test_bucket_conditional_writes_and_bounded_reads(s3_server: S3Server) -> Non
     assert after is not None and after.st_ino != seen.st_ino
     # a huge object planted there is read no further than the bound
     client = s3_server.client()
-    bucket, key = files.bucket, files.prefix + "big"
+    bucket, key = files.bucket, files.root.partition("/")[2] + "/big"
     client.put_object(Bucket=bucket, Key=key, Body=sign(files.key, "big", "x" * 200_000))
     told: list[str] = []
     files.say = told.append
     assert files.read("big") is None and told == [
         f"ignoring {files.path}/big: over 64 KiB"]
     assert files.stat("gone") is None and files.read("gone") is None
+
+
+def test_azure_conditional_writes(azurite: Any) -> None:
+    spec = parse_storage({"type": "azure", "container": azurite.new_container(),
+                          "connection_string": azurite.connection_string}, where="test")
+    files = SignedBucket(make_filesystem(spec), spec.url, "trial-1", SECRET)
+    assert files.write("a", "one", exclusive=True)
+    assert not files.write("a", "two", exclusive=True)  # If-None-Match: *
+    seen = files.stat("a")
+    assert seen is not None and files.read("a") == "one"
+    assert files.replace("a", "three", seen)  # If-Match: the object seen
+    assert not files.replace("a", "four", seen)  # it changed since
+    assert files.read("a") == "three" and files.names() == ["a"]
 
 
 def test_an_unwritable_bucket_is_one_line(s3_server: S3Server, tmp_path: Path) -> None:
@@ -233,7 +251,8 @@ def test_node_local_run_directories_without_a_bucket_say_so(
     assert status == 1 and "a new job started there" not in err, err
     assert re.search(r"det-launch: (not restarting: )?the run directory is not shared: this "
                      r"node ran generation 0 with .* --min-nodes needs one run directory that "
-                     r"every node sees \(a shared file system\) or S3 checkpoint storage", err), err
+                     r"every node sees \(a shared file system\) or S3 or Azure checkpoint "
+                     r"storage", err), err
 
 
 # ------------------------------------------------------------------ one real job
