@@ -104,3 +104,24 @@ def test_system_metrics_reach_mlflows_store(tmp_path: pathlib.Path,
     assert [(m.step, m.value, m.timestamp) for m in history] == [
         (0, 0.0, 1000000), (1, 10.0, 1001000), (2, 20.0, 1002000)]
     assert client.get_run(run_id).data.metrics["system/gpu_0_utilization_percentage"] == 50.0
+
+
+@pytest.mark.parametrize("enabled", [None, False])
+def test_the_trainer_samples_by_default_and_false_turns_it_off(
+        tmp_path: pathlib.Path, enabled: Any) -> None:
+    pytest.importorskip("torch")
+    from determined_launch import pytorch
+    from tests._pytorch_helpers import run_trial
+    from tests.pytorch_fixtures.onevar import OneVarTrial
+
+    sampling: list[bool] = []
+
+    class Watched(OneVarTrial):
+        def train_batch(self, *args: Any, **kwargs: Any) -> Any:
+            sampling.append(self.context._core.profiler._thread is not None)
+            return super().train_batch(*args, **kwargs)
+
+    fit = {} if enabled is None else {"profiling_enabled": enabled}
+    run_trial(tmp_path, Watched, max_length=pytorch.Batch(3), **fit)
+    assert sampling == [enabled is None] * 3
+    assert not any(t.name == "det-profiler" for t in threading.enumerate())

@@ -31,7 +31,7 @@ DEFAULT_FIT = {
     "latest_checkpoint": "latest",
     "step_zero_validation": False,
     "test_mode": False,
-    "profiling_enabled": False,
+    "profiling_enabled": True,  # system metrics on by default (issue 36 §4; Determined: off)
 }
 
 

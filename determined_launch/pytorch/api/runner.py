@@ -282,8 +282,9 @@ def plan_run(
             cfg.get("perform_initial_validation", False), "perform_initial_validation"
         ),
         "test_mode": False,
+        # absent: the Trainer's default (on); an explicit false turns it off
         "profiling_enabled": _bool(
-            _section(cfg, "profiling").get("enabled", False), "profiling.enabled"
+            _section(cfg, "profiling").get("enabled", True), "profiling.enabled"
         ),
     }
     max_length = _section(cfg, "searcher").get("max_length")

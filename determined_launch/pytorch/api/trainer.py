@@ -291,14 +291,16 @@ class Trainer:
         latest_checkpoint: Optional[str] = None,
         step_zero_validation: bool = False,
         test_mode: bool = False,
-        profiling_enabled: bool = False,
+        profiling_enabled: Optional[bool] = None,
         async_checkpoints: bool = False,
     ) -> None:
         """Train until ``max_length``, validating, checkpointing and reporting at
         the given periods; returns early (after a checkpoint) on preemption or
         ``context.set_stop_requested(True)``. ``async_checkpoints``: training
         pauses only to copy the state to CPU memory; the save runs on a thread
-        (one at a time), and fit() returns once the last one is committed."""
+        (one at a time), and fit() returns once the last one is committed.
+        ``profiling_enabled``: system metrics (``core_context.profiler``, one sample
+        a second) are on unless it is ``False``."""
         checkpoint_period = checkpoint_period or Batch(sys.maxsize)
         validation_period = validation_period or Batch(sys.maxsize)
         for value, name in ((checkpoint_period, "checkpoint_period"),
@@ -320,8 +322,6 @@ class Trainer:
                 checkpoint_policy = "all"
             if max_length is None:
                 raise ValueError("max_length must be defined in local training mode.")
-            if profiling_enabled:
-                logger.warning("Profiling is not supported in local training mode.")
         else:
             if test_mode:
                 raise ValueError("test_mode is only supported in local training mode.")
@@ -383,7 +383,7 @@ class Trainer:
             step_zero_validation=step_zero_validation,
             max_length=max_length,
             global_batch_size=self._context._global_batch_size,
-            profiling_enabled=profiling_enabled,
+            profiling_enabled=profiling_enabled is not False,
         )
         checkpointer = getattr(controller, "checkpointer", None) if async_checkpoints else None
         if checkpointer is not None:

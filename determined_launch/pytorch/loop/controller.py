@@ -179,9 +179,9 @@ class _PyTorchTrialController:
                 self._broadcast_horovod_state()
             for callback in self.callbacks.values():
                 callback.on_training_start()
-            if self.profiling_enabled:
-                logger.warning("profiling_enabled: system profiling needs a Determined master; "
-                               "use context.set_profiler() for torch traces")
+            if self.profiling_enabled:  # system metrics, one sample a second (core/_profiler.py)
+                self.core_context.profiler.on(sampling_interval=1, samples_per_report=10)
+                exit_stack.callback(self.core_context.profiler.off)
             self._progress = Progress(
                 self.max_length, is_chief=self.is_chief, start_batch=self.state.batches_trained,
                 start_epoch=self.state.epochs_trained, epoch_len=self.context._epoch_len,
