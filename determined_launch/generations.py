@@ -336,7 +336,10 @@ def _keep_alive(claims: Claims, me: int, running: list[object], stop: threading.
             running[0] = 0
         claims.touch(me, running[0])
         if publish is not None:
-            publish()
+            try:
+                publish()
+            except Exception:  # noqa: BLE001  (a storage error must not stop the alive file)
+                pass
         if stop.wait(ALIVE_EVERY):
             return
 
