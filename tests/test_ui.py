@@ -293,7 +293,7 @@ def test_api_over_http(served: Served) -> None:
     assert headers["Content-Type"].startswith("text/plain")
     assert served.json("/api/v1/runs/local/metrics?group=training")[2]["metrics"] == {"loss": 1.0}
     for page in ("/", f"/experiments/{NAME}", f"/experiments/{NAME}/trials/2", "/runs/local",
-                 "/compare", "/static/app.js"):
+                 "/compare", "/static/core.js"):
         assert served.get(page)[0] == 200, page
 
 

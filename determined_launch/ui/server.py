@@ -35,8 +35,10 @@ from determined_launch.ui.conn import BoundedServer, DeadlineHandler
 from determined_launch.ui.runs import GROUP, SEARCH_CHARS, Storages
 
 STATIC = pathlib.Path(__file__).parent / "static"
-#: every file the pages need, by URL name (nothing else under /static/ exists)
-ASSETS = {"app.js": "text/javascript", "app.css": "text/css", "app.html": "text/html"}
+TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
+#: every file the pages need, by its path under /static/ (read once; nothing else there exists)
+ASSETS = {f.relative_to(STATIC).as_posix(): TYPES[f.suffix]
+          for f in sorted(STATIC.rglob("*")) if f.suffix in TYPES and f.is_file()}
 PAGES = ("", "experiments", "runs", "compare")
 #: the writes --actions allows: POST /api/v1/experiments/{name}/{action}
 ACTIONS = ("pause", "kill", "activate")
@@ -195,8 +197,9 @@ class Handler(DeadlineHandler):
             if segments[:2] == ["api", "v1"]:
                 body, ctype, more = self._api(segments[2:], query)
                 extra.update(more)
-            elif segments[:1] == ["static"] and len(segments) == 2 and segments[1] in ASSETS:
-                body, ctype = self.server.assets[segments[1]], ASSETS[segments[1]]
+            elif segments[:1] == ["static"] and "/".join(segments[1:]) in ASSETS:
+                name = "/".join(segments[1:])
+                body, ctype = self.server.assets[name], ASSETS[name]
             elif segments[0] in PAGES:
                 body, ctype = self.server.assets["app.html"], "text/html"
             else:

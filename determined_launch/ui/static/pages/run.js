@@ -1,0 +1,91 @@
+// det-launch ui page: one run or one trial: facts, metrics, checkpoints, history, logs.
+"use strict";
+async function runPage(kind, name, tid) {
+  const base = kind === "trial" ? `${API}/experiments/${enc(name)}/trials/${tid}` : `${API}/runs/${enc(name)}`;
+  const info = await get(base, false, true);
+  const r = info.data;
+  const metrics = await Promise.all(r.groups.map((g) => get(`${base}/metrics?group=${enc(g)}&max_points=1000`)));
+  const ck = await get(`${base}/checkpoints`);
+  if (!page.shell) buildRunShell(kind, name, tid, base);
+  if (info.changed || metrics.some((m) => m.changed) || ck.changed || page.dirty) {
+    const title = kind === "trial" ? `Trial ${tid} of ${name}` + (r.optuna_number !== undefined
+      && r.optuna_number !== null ? ` (Optuna trial ${r.optuna_number})` : "") : `Run ${name}`;
+    const facts = [["state", state(r.state)], ["ended", r.ended || "–"],
+      ["steps completed", fmt(r.steps_completed)],
+      ["best " + (r.metric || ""), fmt(r.best_value)], ["exit", exitText(r)],
+      ["status", r.status || r.outcome || "–"], ["resumed from", r.resumed_from || "–"],
+      ["restarts seen", fmt(r.restarts)], ["latest checkpoint", r.latest_checkpoint || "–"]];
+    page.parts.head.replaceChildren(h("h1", {}, title), h("dl", {class: "kv"},
+      ...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
+    const hparams = r.hparams_all || r.hparams || {};
+    page.parts.hparams.replaceChildren(Object.keys(hparams).length
+      ? h("dl", {class: "kv"}, ...Object.entries(hparams).flatMap(([k, v]) =>
+        [h("dt", {}, k), h("dd", {}, typeof v === "object" ? JSON.stringify(v) : fmt(v))]))
+      : h("p", {class: "muted"}, "none recorded"));
+    const charts = [];
+    r.groups.forEach((g, gi) => {
+      const rows = metrics[gi].data;
+      const names = [...new Set(rows.flatMap((x) => Object.keys(x.metrics)))].sort();
+      for (const m of names) {
+        const pts = rows.filter((x) => typeof x.metrics[m] === "number").map((x) => [x.steps_completed, x.metrics[m]]);
+        if (pts.length) charts.push(lineChart(`${g}: ${m}`, [{name: m, points: pts, color: COLORS[gi % COLORS.length]}]));
+      }
+    });
+    page.parts.charts.replaceChildren(...(charts.length ? charts : [h("p", {class: "muted"}, "no metrics reported yet")]));
+    page.parts.ckpts.replaceChildren(ck.data.length ? table(["uuid", "steps completed", "state", "size", "time", "storage"],
+      ck.data.map((c) => ({cells: [h("code", {}, c.uuid), fmt(c.steps_completed), state(c.state),
+        bytes(c.size), when(c.time), c.storage || "–"],
+      sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage]})), {sortKey: "ck", sortCol: 4})
+      : h("p", {class: "muted"}, "no checkpoints yet"));
+    page.parts.events.replaceChildren(r.history.length
+      ? table(["time", "event"], r.history.map((e, i) => ({cls: `event ${e.kind}`, // in log order:
+        cells: [when(e.time), e.text], sort: [i, e.text]})), {sortKey: "history", sortCol: 0})  // times may be unknown
+      : h("p", {class: "muted"}, "no preemptions or restarts"));
+    page.parts.tail.replaceChildren(...(r.output_tail ? [h("h2", {}, "Last lines of its output"),
+      h("pre", {class: "logs tail"}, r.output_tail)] : r.state === "errored" || r.state === "failed"
+      ? [h("p", {class: "muted"}, "no output kept: a plain run's output goes to its launcher's terminal")]
+      : []));
+    rankOptions(r.log_ranks || []);
+  }
+  await pollLogs(base);
+}
+
+function buildRunShell(kind, name, tid, base) {
+  const p = page.parts = {head: h("div", {class: "card"}), tail: h("div"), hparams: h("div"),
+    charts: h("div", {class: "charts"}), ckpts: h("div", {class: "card"}),
+    events: h("div", {class: "card"}), logs: h("pre", {class: "logs"})};
+  page.rank = ""; page.follow = true; page.logOffset = null;
+  const rank = p.rank = h("select", {class: "ranks", onchange: (ev) => {
+    page.rank = ev.target.value; page.logOffset = null; p.logs.textContent = ""; }});
+  const follow = h("label", {}, h("input", {type: "checkbox", checked: "", onchange: (ev) => { page.follow = ev.target.checked; }}), " follow");
+  show(p.head, p.tail, h("h2", {}, "Metrics"), p.charts, ...card("Hyperparameters", p.hparams),
+    h("h2", {}, "Checkpoints"), p.ckpts, h("h2", {}, "Preemption and restart history"), p.events,
+    ...card("Logs", h("div", {class: "toolbar"}, rank, follow), p.logs));
+  page.shell = true;
+}
+
+// The rank filter offers the ranks the log labels; exec's output labels none.
+function rankOptions(ranks) {
+  const sel = page.parts.rank, key = ranks.join(",");
+  if (sel.dataset.ranks === key) return;
+  sel.dataset.ranks = key;
+  sel.replaceChildren(h("option", {value: ""}, ranks.length ? "all ranks" : "all output (not labelled by rank)"),
+    ...ranks.map((i) => h("option", {value: i, selected: String(i) === page.rank ? "" : null}, `rank ${i}`)));
+  sel.disabled = !ranks.length;
+}
+
+async function pollLogs(base) {
+  if (!page.follow && page.logOffset !== null) return;
+  const q = [page.rank !== "" ? `rank=${page.rank}` : null, page.logOffset !== null ? `offset=${page.logOffset}` : null]
+    .filter(Boolean).join("&");
+  const r = await fetch(`${base}/logs${q ? "?" + q : ""}`, {cache: "no-store", credentials: "same-origin"});
+  if (!r.ok) return;
+  const text = await r.text();
+  page.logOffset = Number(r.headers.get("X-Log-Offset") || 0);
+  if (text) {
+    const pre = page.parts.logs;
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.append(text);
+    if (page.follow && atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+}
