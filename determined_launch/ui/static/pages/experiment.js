@@ -1,25 +1,39 @@
 // det-launch ui page: one experiment: its trials, charts and actions.
 "use strict";
+// A trial's duration: to its end, or to now while it runs.
+const trialSpan = (r) => !r.start ? null : r.end ? r.end - r.start
+  : r.state === "running" ? Date.now() / 1000 - r.start : null;
+
 async function experiment(name) {
   const base = `${API}/experiments/${enc(name)}`;
-  const [s, t, c, imp] = await Promise.all([get(base, false, true), get(`${base}/trials`),
-    get(`${base}/searcher_metric`), get(`${base}/importance`)]);
-  if (!s.changed && !t.changed && !c.changed && !imp.changed && !page.dirty) return;
+  const [s, t, c] = await Promise.all([get(base, false, true), get(`${base}/trials`),
+    get(`${base}/searcher_metric`)]);
+  // Importance (Optuna's: seconds on a first visit) is drawn when it comes, never waited for.
+  if (!page.impAsked) {
+    page.impAsked = true;
+    get(`${base}/importance`).then((r) => {
+      page.impAsked = false;
+      if (r.changed) { page.imp = r.data; rerender(); }
+    }, () => { page.impAsked = false; });
+  }
+  const imp = {data: page.imp};
+  if (!s.changed && !t.changed && !c.changed && !page.dirty) return;
   const x = s.data, trials = t.data;
   const bestId = x.best_trial ? x.best_trial.trial_id : null;
   const hp = [...new Set(trials.flatMap((r) => Object.keys(r.hparams || {})))].sort();
   const picked = page.picked || (page.picked = new Set());
-  const cols = ["", "trial", "Optuna #", "state", ...hp, `best ${x.metric}`, `latest ${x.metric}`, "length",
-    "restarts", "checkpoints"];
+  const cols = ["", "trial", "Optuna #", "state", "start", "duration", ...hp, `best ${x.metric}`,
+    `latest ${x.metric}`, "length", "restarts", "checkpoints"];
   const rows = trials.map((r) => ({
     cls: r.trial_id === bestId ? "best" : null,
-    cells: [h("input", {type: "checkbox", checked: picked.has(r.trial_id) ? "" : null,
+    cells: () => [h("input", {type: "checkbox", checked: picked.has(r.trial_id) ? "" : null,
       onchange: (ev) => { ev.target.checked ? picked.add(r.trial_id) : picked.delete(r.trial_id); }}),
     h("a", {href: `/experiments/${enc(name)}/trials/${r.trial_id}`}, r.trial_id), fmt(r.optuna_number),
-    state(r.state),
+    state(r.state), when(r.start), dur(trialSpan(r)),
     ...hp.map((k) => fmt(r.hparams[k])), fmt(r.best_value), fmt(r.latest_value), fmt(r.length),
     fmt(r.restarts), fmt(r.checkpoints)],
-    sort: [picked.has(r.trial_id) ? 0 : 1, r.trial_id, r.optuna_number, r.state, ...hp.map((k) => r.hparams[k]),
+    sort: [picked.has(r.trial_id) ? 0 : 1, r.trial_id, r.optuna_number, r.state, r.start, trialSpan(r),
+      ...hp.map((k) => r.hparams[k]),
       r.best_value, r.latest_value, r.length, r.restarts, r.checkpoints],
   }));
   // Thousands of lines say nothing and cost the browser: draw the best CHART_TRIALS.
@@ -66,8 +80,9 @@ async function experiment(name) {
     h("div", {class: "charts"}, lineChart(`${x.metric} by trial${few}`, curves, "length"),
       trials.length ? parallel(trials.filter((r) => shown.has(r.trial_id)), x.metric,
         x.smaller_is_better, bestId) : null,
-      Object.keys(imp.data.importance || {}).length ? bars(`hyperparameter importance (${imp.data.method})`,
+      !imp.data ? h("div", {class: "card muted"}, "computing hyperparameter importance…")
+        : Object.keys(imp.data.importance || {}).length ? bars(`hyperparameter importance (${imp.data.method})`,
         Object.entries(imp.data.importance)) : null),
     ...card("Trials", h("div", {class: "toolbar"}, compare, pause, activate, kill),
-      table(cols, rows, {sortKey: `exp-${name}`, sortCol: 1})));
+      table(cols, rows, {sortKey: `exp-${name}`, sortCol: 1, filter: true})));
 }
