@@ -44,3 +44,43 @@ def test_points_are_capped_per_node() -> None:
     (node,) = system.summarize(records)
     assert len(node["time"]) == system.MAX_POINTS and node["time"][-1] == system.MAX_POINTS + 49
     assert node["samples"] == system.MAX_POINTS + 50
+
+
+def test_the_trial_page_shows_each_nodes_system_metrics(tmp_path: pathlib.Path) -> None:
+    """The API row and the page's System section, in Debian's chromium (one page load)."""
+    import os
+
+    import pytest
+
+    pytest.importorskip("optuna")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tests._ui_helpers import Served, make_experiment
+
+    exp = make_experiment(tmp_path / "det_experiments")
+    (exp / "trials" / "1" / "profiler.jsonl").write_text(
+        _line(0, 1.0, 20.0, gpu_util_0=90.0, gpu_memory_percent_0=40.0)
+        + _line(0, 11.0, 40.0, gpu_util_0=70.0, gpu_memory_percent_0=50.0) + _line(1, 5.0, 7.0))
+    ui = Served(cwd=tmp_path)
+    try:
+        nodes = ui.json(f"/api/v1/experiments/{exp.name}/trials/1/system")["nodes"]
+        assert [(n["node"], n["latest"]["cpu_util_simple"]) for n in nodes] == [(0, 40.0), (1, 7.0)]
+        assert ui.json(f"/api/v1/experiments/{exp.name}/trials/2/system") == {"nodes": []}
+        if not os.path.exists("/usr/bin/chromium"):
+            pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)")
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+            page = browser.new_page()
+            page.goto(f"{ui.url}experiments/{exp.name}/trials/1")
+            section = page.locator("#system")
+            sync_api.expect(section).to_contain_text("node 0 (h0)", timeout=15_000)
+            sync_api.expect(section).to_contain_text("node 1 (h1)")
+            first = section.locator(".system-node").first
+            row = first.locator("table.system tr", has_text="GPU 0 util %")
+            sync_api.expect(row.locator("td")).to_have_text(["GPU 0 util %", "70", "80"])
+            # CPU and memory, GPU utilisation, GPU memory; node 1 has one sample: no chart
+            sync_api.expect(first.locator(".chart")).to_have_count(3)
+            assert section.locator(".system-node").nth(1).locator(".chart").count() == 0
+            browser.close()
+    finally:
+        ui.stop()

@@ -33,6 +33,7 @@ from determined_launch.common.redact import printable
 from determined_launch.ui.api import Api
 from determined_launch.ui.conn import BoundedServer, DeadlineHandler
 from determined_launch.ui.runs import GROUP, SEARCH_CHARS, Storages
+from determined_launch.ui.system import system
 
 STATIC = pathlib.Path(__file__).parent / "static"
 TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
@@ -277,6 +278,8 @@ class Handler(DeadlineHandler):
             return body, "application/json", more
         if seg == ["checkpoints"]:
             return _json(reader.checkpoints(run_dir, storage))
+        if seg == ["system"]:  # the profiler's samples per node (ui/system.py)
+            return _json(system(run_dir, self.server.api.roots))
         if seg == ["logs"]:
             rank = _int(query, "rank", 0, 1 << 20)
             offset = _int(query, "offset", 0, 1 << 62)

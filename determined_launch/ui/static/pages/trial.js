@@ -1,3 +1,6 @@
 // det-launch ui page: one trial of an experiment (the run page's parts, see pages/run.js).
 "use strict";
-function trialPage(name, tid) { return runPage("trial", name, tid); }
+async function trialPage(name, tid) {
+  await runPage("trial", name, tid);
+  await systemSection(`${API}/experiments/${enc(name)}/trials/${tid}`); // system.js
+}
