@@ -94,3 +94,47 @@ def test_the_experiment_table_marks_a_straggling_trial(tmp_path: pathlib.Path) -
     assert slow_ranks(tmp_path) == ", straggler: rank 5 (node 0), rank 3 (node 1)"
     record_straggler(str(tmp_path), Change(5, False, 0.11, 0.1), 0, "h0", 130.0)
     assert slow_ranks(tmp_path) == ", straggler: rank 3 (node 1)"
+
+
+@pytest.mark.slow
+def test_the_trial_page_searches_its_log_and_shows_checkpoints_and_slow_ranks(
+        tmp_path: pathlib.Path) -> None:
+    import os
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)")
+    pytest.importorskip("optuna")
+    from tests._ui_helpers import NAME, make_experiment
+
+    exp = make_experiment(tmp_path / "det_experiments")
+    trial = exp / "trials" / "1"
+    with open(trial / "output.log", "a") as f:
+        f.write("".join(f"[rank=0] step {i} ok\n" for i in range(300)) + "[rank=1] CUDA error: x\n")
+    record_straggler(str(trial), Change(3, True, 0.42, 0.1), 1, "h1", 100.0)
+    s = Served(cwd=tmp_path)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+            page = browser.new_page()
+            page.goto(f"{s.url}experiments/{NAME}/trials/1")
+            logs = page.locator("pre.logs").last
+            sync_api.expect(logs).to_contain_text("step 299 ok", timeout=10_000)
+            box = page.locator("input.log-search")
+            box.fill("cuda ERROR")
+            sync_api.expect(logs).to_have_text("[rank=1] CUDA error: x\n", timeout=5_000)
+            with open(trial / "output.log", "a") as f:
+                f.write("[rank=0] step 300 ok\n[rank=0] another cuda error\n")
+            sync_api.expect(logs).to_contain_text("another cuda error", timeout=5_000)
+            page.wait_for_timeout(1500)  # redraws: the search and its answer stay
+            assert box.input_value() == "cuda ERROR"
+            assert "step 300" not in logs.inner_text()
+            # the checkpoint's metadata (redacted) and the slow rank
+            sync_api.expect(page.locator(".ck-meta")).to_contain_text("aws_secret_access_key=")
+            assert SECRET not in page.content()
+            sync_api.expect(page.locator("dl.kv").first).to_contain_text("rank 3 on node 1 (h1)")
+            sync_api.expect(page.locator("td", has_text="became a straggler")).to_be_visible()
+            browser.close()
+    finally:
+        s.stop()

@@ -14,7 +14,8 @@ async function runPage(kind, name, tid) {
       ["steps completed", fmt(r.steps_completed)],
       ["best " + (r.metric || ""), fmt(r.best_value)], ["exit", exitText(r)],
       ["status", r.status || r.outcome || "–"], ["resumed from", r.resumed_from || "–"],
-      ["restarts seen", fmt(r.restarts)], ["latest checkpoint", r.latest_checkpoint || "–"]];
+      ["restarts seen", fmt(r.restarts)], ["latest checkpoint", r.latest_checkpoint || "–"],
+      ["slow ranks", stragglerFacts(r.stragglers)]];
     page.parts.head.replaceChildren(h("h1", {}, title), h("dl", {class: "kv"},
       ...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
     const hparams = r.hparams_all || r.hparams || {};
@@ -32,10 +33,11 @@ async function runPage(kind, name, tid) {
       }
     });
     page.parts.charts.replaceChildren(...(charts.length ? charts : [h("p", {class: "muted"}, "no metrics reported yet")]));
-    page.parts.ckpts.replaceChildren(ck.data.length ? table(["uuid", "steps completed", "state", "size", "time", "storage"],
+    page.parts.ckpts.replaceChildren(ck.data.length ? table(["uuid", "steps completed", "state", "size", "time", "storage", "metadata"],
       ck.data.map((c) => ({cells: [h("code", {}, c.uuid), fmt(c.steps_completed), state(c.state),
-        bytes(c.size), when(c.time), c.storage || "–"],
-      sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage]})), {sortKey: "ck", sortCol: 4})
+        bytes(c.size), when(c.time), c.storage || "–", ckptMetadata(c.metadata)],
+      sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage,
+        JSON.stringify(c.metadata)]})), {sortKey: "ck", sortCol: 4})
       : h("p", {class: "muted"}, "no checkpoints yet"));
     page.parts.events.replaceChildren(r.history.length
       ? table(["time", "event"], r.history.map((e, i) => ({cls: `event ${e.kind}`, // in log order:
@@ -45,6 +47,7 @@ async function runPage(kind, name, tid) {
       h("pre", {class: "logs tail"}, r.output_tail)] : r.state === "errored" || r.state === "failed"
       ? [h("p", {class: "muted"}, "no output kept: a plain run's output goes to its launcher's terminal")]
       : []));
+    page.parts.slow.replaceChildren(stragglerTable(r.stragglers));
     rankOptions(r.log_ranks || []);
   }
   await pollLogs(base);
@@ -53,14 +56,19 @@ async function runPage(kind, name, tid) {
 function buildRunShell(kind, name, tid, base) {
   const p = page.parts = {head: h("div", {class: "card"}), tail: h("div"), hparams: h("div"),
     charts: h("div", {class: "charts"}), ckpts: h("div", {class: "card"}),
-    events: h("div", {class: "card"}), logs: h("pre", {class: "logs"})};
+    events: h("div", {class: "card"}), slow: h("div", {class: "card"}), logs: h("pre", {class: "logs"})};
   page.rank = ""; page.follow = true; page.logOffset = null;
   const rank = p.rank = h("select", {class: "ranks", onchange: (ev) => {
-    page.rank = ev.target.value; page.logOffset = null; p.logs.textContent = ""; }});
+    page.rank = ev.target.value; restartLogs(); }});
+  page.search = "";
+  const search = h("input", {type: "search", class: "log-search", placeholder: "search the log",
+    oninput: (ev) => { clearTimeout(page.searchTimer); page.searchTimer = setTimeout(() => {
+      page.search = ev.target.value; restartLogs(); }, 300); }});
   const follow = h("label", {}, h("input", {type: "checkbox", checked: "", onchange: (ev) => { page.follow = ev.target.checked; }}), " follow");
   show(p.head, p.tail, h("h2", {}, "Metrics"), p.charts, ...card("Hyperparameters", p.hparams),
     h("h2", {}, "Checkpoints"), p.ckpts, h("h2", {}, "Preemption and restart history"), p.events,
-    ...card("Logs", h("div", {class: "toolbar"}, rank, follow), p.logs));
+    h("h2", {}, "Slow ranks (stragglers)"), p.slow,
+    ...card("Logs", h("div", {class: "toolbar"}, rank, search, follow), p.logs));
   page.shell = true;
 }
 
@@ -76,11 +84,14 @@ function rankOptions(ranks) {
 
 async function pollLogs(base) {
   if (!page.follow && page.logOffset !== null) return;
-  const q = [page.rank !== "" ? `rank=${page.rank}` : null, page.logOffset !== null ? `offset=${page.logOffset}` : null]
+  const gen = page.logGen;
+  const q = [page.rank !== "" ? `rank=${page.rank}` : null, page.logOffset !== null ? `offset=${page.logOffset}` : null,
+    page.search ? `q=${enc(page.search)}` : null]
     .filter(Boolean).join("&");
   const r = await fetch(`${base}/logs${q ? "?" + q : ""}`, {cache: "no-store", credentials: "same-origin"});
   if (!r.ok) return;
   const text = await r.text();
+  if (gen !== page.logGen) return;  // the filter changed while this answer came
   page.logOffset = Number(r.headers.get("X-Log-Offset") || 0);
   if (text) {
     const pre = page.parts.logs;
@@ -88,4 +99,30 @@ async function pollLogs(base) {
     pre.append(text);
     if (page.follow && atEnd) pre.scrollTop = pre.scrollHeight;
   }
+}
+// Checkpoints: the user's metadata beside uuid, steps, time and size (steps_completed has its column).
+function ckptMetadata(meta) {
+  const own = meta && typeof meta === "object" ? Object.entries(meta).filter(([k]) => k !== "steps_completed") : [];
+  if (!own.length) return "–";
+  const text = own.map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
+  return h("span", {class: "ck-meta", title: text}, text.length > 200 ? text.slice(0, 200) + "…" : text);
+}
+
+// Slow ranks the launcher recorded (stragglers.jsonl): who is slow now, and the changes.
+function stragglerFacts(s) {
+  return s && s.now.length ? s.now.map((e) => `rank ${e.rank} on node ${e.node} (${e.host}): `
+    + `${fmt(e.step_time)} s a step, ${(e.step_time / e.median).toFixed(1)}× its peers' median`).join("; ") : "none";
+}
+function stragglerTable(s) {
+  return s && s.events.length ? table(["time", "rank", "node", "step time (s)", "peers' median (s)", "change"],
+    s.events.map((e, i) => ({cls: e.straggler ? "event failed" : "event succeeded",
+      cells: [when(e.time), fmt(e.rank), `${e.node} (${e.host})`, fmt(e.step_time), fmt(e.median),
+        e.straggler ? "became a straggler" : "recovered"],
+      sort: [i, e.rank, e.node, e.step_time, e.median, e.straggler]})), {sortKey: "stragglers", sortCol: 0})
+    : h("p", {class: "muted"}, "no slow ranks recorded");
+}
+
+// A new rank or search: the log is asked again from its end, and an answer on its way is dropped.
+function restartLogs() {
+  page.logOffset = null; page.logGen = (page.logGen || 0) + 1; page.parts.logs.textContent = "";
 }
