@@ -43,14 +43,14 @@ import bench_ui  # noqa: E402 (the fixture and the server, shared)
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-ROW = "main table tbody tr"
+ROW = "main table:not(.u-legend) tbody tr"  # not a chart legend (uPlot's)
 #: in the page from its first script: when a trial row and the importance chart first appear
 WATCH = """
 (() => {
   const seen = {};
   window.__paint = seen;
   const look = () => {
-    if (!seen.table && document.querySelector("main table tbody tr"))
+    if (!seen.table && document.querySelector("main table:not(.u-legend) tbody tr"))
       seen.table = performance.now();
     if (!seen.importance && [...document.querySelectorAll("main svg, main .chart")]
         .some((e) => /importance/.test(e.getAttribute("aria-label") || e.textContent || "")

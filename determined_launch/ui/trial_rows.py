@@ -10,6 +10,7 @@ A running trial's row is computed on every request.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import sys
@@ -20,6 +21,13 @@ from determined_launch.common.redact import printable
 from determined_launch.exproot import trial_id_of
 from determined_launch.ui import outcome, shape
 from determined_launch.ui.runs import RunReader
+
+
+def _num(v: Any) -> Any:
+    """``shape.finite`` of one value, floats inline: 10,000 rows have 60,000 of them."""
+    if type(v) is float:
+        return v if math.isfinite(v) else None
+    return v if v is None or type(v) is int else shape.finite(v)
 
 
 def _ts(dt: Any) -> Optional[float]:
@@ -92,7 +100,8 @@ class TrialRows:
         finished = end is not None and t.state.name != "RUNNING"
         row = self._compute_row(exp_dir, t, smaller, files=not finished)
         entry = TrialEntry(end, row, {"trial_id": row["trial_id"], "state": row["state"],
-                                  "points": shape.finite(sorted(t.intermediate_values.items()))})
+                                  "points": [[k, _num(v)] for k, v in
+                                             sorted(t.intermediate_values.items())]})
         if finished:
             self._final[key] = entry
             self._pending.put(entry)
@@ -118,7 +127,7 @@ class TrialRows:
                 print(f"det-launch ui: {printable(entry.row['path'])}: {type(e).__name__}: "
                       f"{printable(e)}", file=sys.stderr, flush=True)
                 continue
-            entry.row = shape.finite({**entry.row, **columns})
+            entry.row = {**entry.row, **columns}  # counts: finite
             self.filled += 1
 
     def _file_columns(self, run_dir: str) -> dict[str, Any]:
@@ -135,17 +144,17 @@ class TrialRows:
             "trial_id": trial_id_of(t), "state": _trial_state(t, exp_dir),
             # Optuna's own number (optuna-dashboard's "Trial N"): ids are root-wide
             "optuna_number": int(t.number),
-            "hparams": shape.redact(report.hparams_of(t)),
-            "best_value": report.best_value(t, smaller),
-            "latest_value": values[length] if length is not None else None,
+            "hparams": shape.finite(shape.redact(report.hparams_of(t))),
+            "best_value": _num(report.best_value(t, smaller)),
+            "latest_value": _num(values[length]) if length is not None else None,
             "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
-            "error": shape.redact(t.user_attrs.get("det_error")),
+            "error": _num(shape.redact(t.user_attrs.get("det_error"))),
             # failures restarted by the driver (the study's count, as Determined's)
             "restarts": int(t.user_attrs.get("det_restarts", 0) or 0)}
         row["path"] = self.trial_dir_of(exp_dir, trial_id_of(t))
         row.update(self._file_columns(row["path"]) if files else
                    {"checkpoints": None})
-        return shape.finite(row)
+        return row  # every value finite already (no second walk of 10,000 rows)
 
     @staticmethod
     def trial_dir_of(exp_dir: str, trial_id: int) -> str:

@@ -28,7 +28,7 @@ function table(cols, rows, opts) {
     onclick: () => { table.sorts[key] = {col: i, asc: i === sort.col ? !sort.asc : true}; rerender(); },
   }, c)));
   const body = sorted.slice(from, from + size).map((r) => h("tr", {class: r.cls}, (typeof r.cells === "function" ? r.cells() : r.cells).map((c) => h("td", {}, c))));
-  const t = h("table", {}, h("thead", {}, head), h("tbody", {}, body));
+  const t = h("table", {class: "data-table"}, h("thead", {}, head), h("tbody", {}, body));
   const go = (p) => { view.page = p; rerender(); };
   const pager = pages > 1 ? h("span", {class: "pager"},
     h("button", {disabled: view.page === 0 ? "" : null, onclick: () => go(0)}, "«"),
