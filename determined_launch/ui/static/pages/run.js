@@ -105,7 +105,8 @@ function ckptMetadata(meta) {
   const own = meta && typeof meta === "object" ? Object.entries(meta).filter(([k]) => k !== "steps_completed") : [];
   if (!own.length) return "–";
   const text = own.map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
-  return h("span", {class: "ck-meta", title: text}, text.length > 200 ? text.slice(0, 200) + "…" : text);
+  return h("span", {class: "ck-meta", title: text,  // wraps inside the table's nowrap cells
+    style: "display: inline-block; max-width: 32em; white-space: normal; overflow-wrap: anywhere"}, text.length > 200 ? text.slice(0, 200) + "…" : text);
 }
 
 // Slow ranks the launcher recorded (stragglers.jsonl): who is slow now, and the changes.
