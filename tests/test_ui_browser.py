@@ -96,8 +96,8 @@ def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object)
         trials = ui.json("/api/v1/experiments/ui-demo/trials")
         best = ui.json("/api/v1/experiments/ui-demo")["best_trial"]
         lr = trials[0]["hparams"]["lr"]
-        expect(page.locator("tbody")).to_contain_text(str(float(f"{lr:.6g}")))
-        expect(page.locator(".chart svg path.series").first).to_be_visible()
+        expect(page.locator(".card tbody")).to_contain_text(str(float(f"{lr:.6g}")))
+        expect(page.locator(".uchart canvas").first).to_be_visible()  # uPlot (charts.js)
         assert page.locator("svg polyline.series").count() == 2  # parallel coordinates
         page.screenshot(path=str(IMAGES / "ui-experiment.png"), full_page=True)
 
@@ -111,8 +111,8 @@ def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object)
         [ck] = ui.json(f"/api/v1/experiments/ui-demo/trials/{tid}/checkpoints")
         expect(page.locator("td code", has_text=ck["uuid"])).to_be_visible(timeout=5_000)
         expect(page.locator("pre.logs").last).to_contain_text("step 40 loss")
-        expect(page.locator(".chart svg", has_text="training: loss")).to_be_visible()
-        expect(page.locator(".chart svg", has_text="validation: loss")).to_be_visible()
+        expect(page.locator(".uchart .u-title", has_text="training: loss")).to_be_visible()
+        expect(page.locator(".uchart .u-title", has_text="validation: loss")).to_be_visible()
         value = f"{best['value']:.6g}"
         expect(page.locator("dl.kv").first).to_contain_text(str(float(value)))
         facts = page.locator("dl.kv").first
@@ -127,7 +127,9 @@ def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object)
         page.screenshot(path=str(IMAGES / "ui-trial.png"), full_page=True)
 
         page.goto(f"{ui.url}compare?items=exp:ui-demo:1,exp:ui-demo:2&group=validation")
-        expect(page.locator(".chart svg path.series")).to_have_count(2, timeout=5_000)
+        legend = page.locator(".uchart .u-legend .u-series")  # steps and one line each
+        expect(legend).to_have_count(3, timeout=5_000)
+        expect(page.locator("table.side-by-side")).to_contain_text("final validation: loss")
         page.screenshot(path=str(IMAGES / "ui-compare.png"))
         assert (IMAGES / "ui-trial.png").stat().st_size > 10_000  # a page, not a blank
     finally:

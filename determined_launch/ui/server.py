@@ -30,6 +30,7 @@ from http import HTTPStatus
 from typing import Any, Callable, Optional
 
 from determined_launch.common.redact import printable
+from determined_launch.ui import metric_series
 from determined_launch.ui.api import Api
 from determined_launch.ui.conn import BoundedServer, DeadlineHandler
 from determined_launch.ui.runs import GROUP, SEARCH_CHARS, Storages
@@ -45,6 +46,8 @@ PAGES = ("", "experiments", "runs", "compare")
 ACTIONS = ("pause", "kill", "activate")
 COOKIE = "det_ui_token"
 MAX_POINTS = 100_000
+#: the vendored chart library never changes under its URL (app.html names it with ?v=VERSION)
+VENDOR_CACHE = {"Cache-Control": "public, max-age=31536000, immutable"}
 HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -76,6 +79,13 @@ def _int(query: dict[str, list[str]], name: str, lo: int, hi: int) -> Optional[i
     except ValueError:
         raise NotFound from None
     return max(lo, min(hi, value))
+
+
+def _trials(query: dict[str, list[str]]) -> Optional[list[int]]:
+    try:
+        return metric_series.parse_trials(query.get("trials", [None])[0])
+    except ValueError:
+        raise NotFound from None  # like any malformed number in a query (_int)
 
 
 class UiServer(BoundedServer):
@@ -201,6 +211,8 @@ class Handler(DeadlineHandler):
             elif segments[:1] == ["static"] and "/".join(segments[1:]) in ASSETS:
                 name = "/".join(segments[1:])
                 body, ctype = self.server.assets[name], ASSETS[name]
+                if name.startswith("vendor/"):
+                    extra.update(VENDOR_CACHE)
             elif segments[0] in PAGES:
                 body, ctype = self.server.assets["app.html"], "text/html"
             else:
@@ -228,8 +240,7 @@ class Handler(DeadlineHandler):
         self.send_header("Content-Type", ctype + ("; charset=utf-8" if "json" in ctype or
                                                   ctype.startswith("text") else ""))
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-cache")
-        for k, v in {**HEADERS, **(extra or {})}.items():
+        for k, v in {"Cache-Control": "no-cache", **HEADERS, **(extra or {})}.items():
             self.send_header(k, v)
         self.end_headers()
         if not head and status != HTTPStatus.NOT_MODIFIED:
@@ -252,6 +263,14 @@ class Handler(DeadlineHandler):
             if len(seg) <= 3 and "/".join(seg[2:]) in api.PARTS:  # kept while unchanged
                 body, etag = _found(api.experiment_body(name, "/".join(seg[2:])))
                 return body, "application/json", {"ETag": etag}
+            if seg[2:] == ["metric_names"]:  # the charts' picker: any metric of any group
+                return _json(_found(metric_series.experiment_names(api, name, _trials(query))))
+            if seg[2:] == ["metrics"]:
+                group, metric = query.get("group", [""])[0], query.get("metric", [""])[0]
+                if not GROUP.match(group) or not metric:
+                    raise NotFound
+                return _json(_found(metric_series.experiment_metric(
+                    api, name, group, metric, _trials(query))))
             if len(seg) >= 4 and seg[2] == "trials" and seg[3].isdigit():
                 tid = int(seg[3])
                 if len(seg) == 4:
@@ -278,6 +297,8 @@ class Handler(DeadlineHandler):
             return body, "application/json", more
         if seg == ["checkpoints"]:
             return _json(reader.checkpoints(run_dir, storage))
+        if seg == ["metric_names"]:
+            return _json({"groups": metric_series.metric_names(reader, run_dir)})
         if seg == ["system"]:  # the profiler's samples per node (ui/system.py)
             return _json(system(run_dir, self.server.api.roots))
         if seg == ["logs"]:

@@ -22,12 +22,15 @@ async function experiment(name) {
   const bestId = x.best_trial ? x.best_trial.trial_id : null;
   const hp = [...new Set(trials.flatMap((r) => Object.keys(r.hparams || {})))].sort();
   const picked = page.picked || (page.picked = new Set());
+  const ch = await experimentCharts(name, x, trials, c.data, picked); // charts.js
+  const listed = ch.kept ? trials.filter((r) => ch.kept.has(r.trial_id)) : trials; // brushed
   const cols = ["", "trial", "Optuna #", "state", "start", "duration", ...hp, `best ${x.metric}`,
     `latest ${x.metric}`, "length", "restarts", "checkpoints"];
-  const rows = trials.map((r) => ({
+  const rows = listed.map((r) => ({
     cls: r.trial_id === bestId ? "best" : null,
     cells: () => [h("input", {type: "checkbox", checked: picked.has(r.trial_id) ? "" : null,
-      onchange: (ev) => { ev.target.checked ? picked.add(r.trial_id) : picked.delete(r.trial_id); }}),
+      onchange: (ev) => { ev.target.checked ? picked.add(r.trial_id) : picked.delete(r.trial_id);
+        if (page.charts && page.charts.which === "selected") rerender(); }}),
     h("a", {href: `/experiments/${enc(name)}/trials/${r.trial_id}`}, r.trial_id), fmt(r.optuna_number),
     state(r.state), when(r.start), dur(trialSpan(r)),
     ...hp.map((k) => fmt(r.hparams[k])), fmt(r.best_value), fmt(r.latest_value), fmt(r.length),
@@ -36,13 +39,6 @@ async function experiment(name) {
       ...hp.map((k) => r.hparams[k]),
       r.best_value, r.latest_value, r.length, r.restarts, r.checkpoints],
   }));
-  // Thousands of lines say nothing and cost the browser: draw the best CHART_TRIALS.
-  const ranked = c.data.slice().sort((a, b) => score(a, x.smaller_is_better) - score(b, x.smaller_is_better));
-  const shown = new Set(ranked.slice(0, CHART_TRIALS).map((q) => q.trial_id));
-  const few = c.data.length > CHART_TRIALS ? ` (best ${CHART_TRIALS} of ${c.data.length})` : "";
-  const curves = c.data.filter((q) => shown.has(q.trial_id)).map((q, i) => ({name: `trial ${q.trial_id}`, points: q.points,
-    color: q.trial_id === bestId ? "#e8590c" : COLORS[i % COLORS.length],
-    bold: q.trial_id === bestId, dim: bestId !== null && q.trial_id !== bestId}));
   const compare = h("button", {onclick: () => {
     const items = [...picked].map((id) => `exp:${name}:${id}`).join(",");
     location.href = `/compare?items=${enc(items)}`;
@@ -77,9 +73,7 @@ async function experiment(name) {
       ["start", when(x.start)], ["duration", dur(x.duration)], ["study", x.storage],
       ["directory", x.path]].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     x.error ? h("p", {class: "error"}, x.error) : null),
-    h("div", {class: "charts"}, lineChart(`${x.metric} by trial${few}`, curves, "length"),
-      trials.length ? parallel(trials.filter((r) => shown.has(r.trial_id)), x.metric,
-        x.smaller_is_better, bestId) : null,
+    ch.toolbar, h("div", {class: "charts"}, ...ch.charts,
       !imp.data ? h("div", {class: "card muted"}, "computing hyperparameter importance…")
         : Object.keys(imp.data.importance || {}).length ? bars(`hyperparameter importance (${imp.data.method})`,
         Object.entries(imp.data.importance)) : null),
