@@ -125,7 +125,7 @@ def free_base() -> int:
     """A base port whose generations' ports are all free (each generation's
     chief binds its own three: ``generation_ports``)."""
     sys.path.insert(0, REPO)
-    from determined_launch.generations import PORT_CYCLE, generation_ports
+    from determined_launch.launch.generations import PORT_CYCLE, generation_ports
 
     while True:
         with socket.socket() as s:

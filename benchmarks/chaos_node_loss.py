@@ -61,7 +61,7 @@ def free_base() -> int:
     """A base port whose generations' ports are free too (each generation's
     chief binds its three; a taken one fails its start with the port error)."""
     sys.path.insert(0, REPO)
-    from determined_launch.generations import PORT_CYCLE, generation_ports
+    from determined_launch.launch.generations import PORT_CYCLE, generation_ports
 
     while True:
         with socket.socket() as s:

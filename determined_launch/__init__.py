@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from determined_launch import core, errors, generic, pytorch
     from determined_launch._user import InvalidHP, import_from_path
     from determined_launch.core import DistributedContext, DistributedError
-    from determined_launch.launcher import launch_per_slot
+    from determined_launch.launch.launcher import launch_per_slot
     from determined_launch.pytorch._units import Batches, Epochs
 
     __version__: str
@@ -36,7 +36,7 @@ _LAZY = {
     "generic": "determined_launch.generic",
     "DistributedContext": "determined_launch.core",
     "DistributedError": "determined_launch.core",
-    "launch_per_slot": "determined_launch.launcher",
+    "launch_per_slot": "determined_launch.launch.launcher",
     # The PyTorch Trial/Trainer API imports torch, so only on first use.
     "pytorch": "determined_launch.pytorch",
     "Epochs": "determined_launch.pytorch._units",

@@ -26,12 +26,12 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from determined_launch import config
 from determined_launch.cluster.detect import detect, detector_names
 from determined_launch.cluster.local_trial import OWNER, complete
 from determined_launch.core.storage import commit_check
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
-from determined_launch.launcher import (
+from determined_launch.launch import config
+from determined_launch.launch.launcher import (
     LauncherOptions,
     detection_env,
     main_for_backend,

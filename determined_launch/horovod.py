@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from determined_launch.backends.horovod import build_plan
-from determined_launch.launcher import LauncherOptions, main_for_backend
+from determined_launch.launch.launcher import LauncherOptions, main_for_backend
 
 
 def main(argv: Optional[Sequence[str]] = None, options: Optional[LauncherOptions] = None) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional
 
-from determined_launch import config
+from determined_launch.launch import config
 
 HELP_WORDS = ("-h", "--help")
 

@@ -13,7 +13,8 @@ from typing import Callable, Optional
 
 import pytest
 
-from determined_launch import config, values
+from determined_launch import values
+from determined_launch.launch import config
 from tests.conftest import base_env
 
 Files = Callable[[Path], dict[str, str]]

@@ -6,13 +6,14 @@ import signal
 
 import pytest
 
-from determined_launch import config, values
+from determined_launch import values
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime
 from determined_launch.backends.torch_distributed import build_plan, torchrun_argv
 from determined_launch.cluster import ClusterInfo
 from determined_launch.errors import LaunchError
-from determined_launch.launcher import _ports, job_secret, split_overrides
+from determined_launch.launch import config
+from determined_launch.launch.launcher import _ports, job_secret, split_overrides
 
 RUNTIME = JobRuntime(
     job_dir="/j", master_port=29400, control_port=29401, dist_port=29402, secret="k" * 32,

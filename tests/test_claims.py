@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch import generations
-from determined_launch.claims import (
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.launch import generations
+from determined_launch.launch.claims import (
     NEW,
     REJOIN,
     Claim,
@@ -24,7 +25,6 @@ from determined_launch.claims import (
     lineage,
     superseded,
 )
-from determined_launch.cluster.info import ClusterInfo
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.restarts import Decision, Progress
 
@@ -109,7 +109,7 @@ def test_two_groups_of_survivors_cannot_both_continue(tmp_path: Path) -> None:
 def test_a_starting_launcher_finds_what_runs_here(tmp_path: Path) -> None:
     import os
 
-    from determined_launch.claims import ALIVE_STALE, JOINING, Survey
+    from determined_launch.launch.claims import ALIVE_STALE, JOINING, Survey
 
     c = claims_in(tmp_path)
     assert c.survey(2) == Survey()  # nothing here: a new job
@@ -152,7 +152,7 @@ def test_a_generation_with_a_missing_predecessor_is_refused_on_disk(tmp_path: Pa
 def test_waiting_nodes_adopt_a_job_that_nobody_runs(tmp_path: Path) -> None:
     import os
 
-    from determined_launch.claims import ALIVE_STALE, JOINING
+    from determined_launch.launch.claims import ALIVE_STALE, JOINING
 
     reads: list[int] = []
 
@@ -341,7 +341,7 @@ def test_a_node_whose_job_succeeded_takes_no_later_generation(tmp_path: Path) ->
 
 # ------------------------------------------------------------ untrusted files (issue 34 §8, §9)
 def test_a_claim_must_fit_the_job_to_count() -> None:
-    from determined_launch.claims import parse_claim
+    from determined_launch.launch.claims import parse_claim
 
     assert parse_claim(1, '{"generation": 1, "members": [0, 2], "restarts": 1}', 3) == Claim(
         1, (0, 2), restarts=1)
@@ -357,7 +357,7 @@ def test_a_claim_must_fit_the_job_to_count() -> None:
 
 
 def test_presence_files_name_nodes_of_the_job() -> None:
-    from determined_launch.presence import rank_of
+    from determined_launch.launch.presence import rank_of
 
     assert rank_of("join-1", "join-", 2) == 1
     assert [rank_of(n, "join-", 2) for n in ("join-7", "join-01", "join-", "join-١", "alive-1")] \

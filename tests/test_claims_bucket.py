@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from determined_launch import generations
-from determined_launch.bucket_claims import SignedBucket, job_name
-from determined_launch.claims import JOINING, Claims, Survey
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.storage.objectstore import make_filesystem
 from determined_launch.core.storage.spec import parse_storage
 from determined_launch.errors import LaunchError
-from determined_launch.signed_files import sign
+from determined_launch.launch import generations
+from determined_launch.launch.bucket_claims import SignedBucket, job_name
+from determined_launch.launch.claims import JOINING, Claims, Survey
+from determined_launch.launch.signed_files import sign
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.peers import UNREACHED
 from determined_launch.supervisor.restarts import Decision, Progress
@@ -148,7 +148,7 @@ def test_survivors_of_a_lost_chief_find_its_checkpoint_through_the_bucket(
     """Node-local run directories: only the chief's records its checkpoints.
     Without the published one, the survivors of a lost chief resumed from the
     job's start (found with a chief killed 2 s after its commit)."""
-    from determined_launch.claims import SharedProgress
+    from determined_launch.launch.claims import SharedProgress
 
     spec = bucket_of(s3_server, s3_server.new_bucket())
     chief, survivor, relaunch = (Claims.open(tmp_path / f"run{i}", SECRET, 3, spec, "trial-1")

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 import determined_launch as det
-from determined_launch import config, core
+from determined_launch import core
 from determined_launch.core._rundir import read_jsonl
 from determined_launch.errors import LaunchError
+from determined_launch.launch import config
 from tests.test_core_api import make_context, make_info, solo
 
 #: determined.core's public names in 0.38.1 that this helper owns (others:

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch import compat, config
+from determined_launch import compat
 from determined_launch.backends import exec as exec_backend
 from determined_launch.backends.plan import BackendArgs, JobRuntime
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.launcher import LauncherOptions
+from determined_launch.launch import config
+from determined_launch.launch.launcher import LauncherOptions
 from tests.conftest import WORKERS, Launch, base_env, exec_on_two_nodes
 
 LAUNCHER = str(WORKERS / "det_compat_launcher.py")

@@ -333,7 +333,7 @@ def checkpoint_sigkill_s3(tmp: Path, rng: random.Random, block: Optional[dict] =
     from determined_launch.cluster.info import ClusterInfo
     from determined_launch.cluster.local_trial import complete
     from determined_launch.core.storage import open_storage, parse_storage
-    from determined_launch.launcher import commit_check
+    from determined_launch.launch.launcher import commit_check
 
     assert block is not None
     spec_file, run = tmp / "storage.yaml", tmp / "run"

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch import config, envvars
+from determined_launch import envvars
 from determined_launch.core import _progress
 from determined_launch.errors import EXIT_HUNG
+from determined_launch.launch import config
 from determined_launch.supervisor import verdict as v
 from determined_launch.supervisor import watchdog as wd
 from tests.conftest import WORKERS, Launch, base_env

@@ -22,18 +22,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # The run directory's one owner: below cluster, core and the launcher, which all ask it.
     f"{PKG}.rundir": (PKG + ".",),
     f"{PKG}.cluster": (f"{PKG}.backends", f"{PKG}.supervisor", f"{PKG}.core", f"{PKG}.pytorch",
-                       f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
+                       f"{PKG}.launch", f"{PKG}.cli"),
     f"{PKG}.backends": (f"{PKG}.supervisor", f"{PKG}.core", f"{PKG}.pytorch",
-                        f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
-    f"{PKG}.supervisor": (f"{PKG}.core", f"{PKG}.pytorch", f"{PKG}.launcher", f"{PKG}.cli",
-                          f"{PKG}.config"),
+                        f"{PKG}.launch", f"{PKG}.cli"),
+    f"{PKG}.supervisor": (f"{PKG}.core", f"{PKG}.pytorch", f"{PKG}.launch", f"{PKG}.cli"),
     f"{PKG}.core": (f"{PKG}.supervisor", f"{PKG}.backends", f"{PKG}.pytorch",
-                    f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
-    f"{PKG}.pytorch": (f"{PKG}.supervisor", f"{PKG}.backends", f"{PKG}.launcher",
-                       f"{PKG}.cli", f"{PKG}.config"),
+                    f"{PKG}.launch", f"{PKG}.cli"),
+    f"{PKG}.pytorch": (f"{PKG}.supervisor", f"{PKG}.backends", f"{PKG}.launch",
+                       f"{PKG}.cli"),
     # Helper programs started in front of every worker: light, and below everything.
     f"{PKG}.nodeexec": (f"{PKG}.cluster", f"{PKG}.backends", f"{PKG}.supervisor", f"{PKG}.core",
-                        f"{PKG}.pytorch", f"{PKG}.launcher", f"{PKG}.cli", f"{PKG}.config"),
+                        f"{PKG}.pytorch", f"{PKG}.launch", f"{PKG}.cli"),
 }
 
 

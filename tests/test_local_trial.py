@@ -284,8 +284,8 @@ def test_pointer_forms(tmp_path: pathlib.Path) -> None:
 
 
 def test_flags_and_variables_reach_the_launcher_options() -> None:
-    from determined_launch import config
-    from determined_launch.launcher import LauncherOptions
+    from determined_launch.launch import config
+    from determined_launch.launch.launcher import LauncherOptions
 
     flags = {"hparams": '{"a": 1}', "config": "exp.yaml", "fresh": True}
     opts = LauncherOptions.from_values(config.resolve({}, flags)).local_trial

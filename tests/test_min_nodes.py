@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch import config, generations
-from determined_launch.claims import Claims
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
+from determined_launch.launch import config, generations
+from determined_launch.launch.claims import Claims
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
 from tests.conftest import (
@@ -234,7 +234,7 @@ def test_a_frozen_chief_holds_only_its_own_generations_port(
     import subprocess
 
     from determined_launch.backends.plan import LaunchPlan, ProcessSpec
-    from determined_launch.runtime import make_runtime
+    from determined_launch.launch.runtime import make_runtime
     from determined_launch.supervisor import Supervisor, SupervisorConfig
     from determined_launch.supervisor.control import ChiefLink, ControlError
 
@@ -290,7 +290,7 @@ def test_a_chief_that_never_answers_is_lost_too(min_nodes: int | None,
     import shutil
 
     from determined_launch.backends.plan import LaunchPlan, ProcessSpec
-    from determined_launch.runtime import make_runtime
+    from determined_launch.launch.runtime import make_runtime
     from determined_launch.supervisor import Supervisor, SupervisorConfig
 
     info = ClusterInfo(("127.0.0.1", "127.0.0.1"), 1, (1, 1), (0,), "test")

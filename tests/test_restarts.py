@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from determined_launch import config, generations
 from determined_launch.errors import EXIT_PREEMPTED
+from determined_launch.launch import config, generations
 from determined_launch.supervisor import handoff
 from determined_launch.supervisor.control import ChiefLink, NodeLink
 from determined_launch.supervisor.events import Failure
@@ -215,7 +215,7 @@ DEFERRED_SIGNAL = """
 import os, shutil, signal, sys, time
 from determined_launch.backends.plan import LaunchPlan, ProcessSpec
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.launcher import make_runtime
+from determined_launch.launch.launcher import make_runtime
 from determined_launch.supervisor import Supervisor, SupervisorConfig
 from determined_launch.supervisor.restarts import Decision
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from determined_launch import run_lease, rundir
+from determined_launch import rundir
+from determined_launch.launch import run_lease
 from tests.conftest import base_env
 
 # --- identity --------------------------------------------------------------------

@@ -213,7 +213,7 @@ def test_the_experiment_layer_imports_no_extra_until_a_search_runs() -> None:
 
 @pytest.mark.parametrize("name", command.TRIAL_IDENTITY)
 def test_one_run_trial_options_are_refused(name: str) -> None:
-    from determined_launch import config
+    from determined_launch.launch import config
 
     option = next((o for o in config.OPTIONS if o.name == name), None)
     if option is None or option.flag is None:

@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from determined_launch import config, values
+from determined_launch import values
 from determined_launch.core import trackers
 from determined_launch.errors import LaunchError
+from determined_launch.launch import config
 from tests.conftest import REPO, base_env
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")

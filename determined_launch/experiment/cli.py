@@ -19,10 +19,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from determined_launch import config, usage, values
-from determined_launch.config import Option
+from determined_launch import usage, values
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.experiment.command import BACKENDS
+from determined_launch.launch import config
+from determined_launch.launch.config import Option
 
 OPTIONS: tuple[Option, ...] = (
     Option("experiment_dir", "DET_EXPERIMENT_DIR", "--experiment-dir", str, None,

@@ -10,8 +10,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from determined_launch import config
 from determined_launch.errors import LaunchError
+from determined_launch.launch import config
 
 BACKENDS = ("torch", "horovod", "deepspeed", "exec")
 #: Launcher options that make up one run's trial identity; the experiment sets

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from determined_launch import config, exproot
+from determined_launch import exproot
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.common.redact import redact
@@ -49,7 +49,8 @@ from determined_launch.experiment.gang import (
 )
 from determined_launch.experiment.sync import ExperimentSync
 from determined_launch.experiment.trial import launcher_argv, private_dir, write_private
-from determined_launch.launcher import LauncherOptions, _ports, detection_env, job_secret
+from determined_launch.launch import config
+from determined_launch.launch.launcher import LauncherOptions, _ports, detection_env, job_secret
 from determined_launch.values import plain
 
 

@@ -19,9 +19,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from determined_launch import config, values
-from determined_launch.config import Option
+from determined_launch import values
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
+from determined_launch.launch import config
+from determined_launch.launch.config import Option
 
 if TYPE_CHECKING:
     from determined_launch.ui.remote import Mirror

@@ -21,7 +21,7 @@ from determined_launch.backends.plan import JobRuntime
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.compat import worker_pythonpath
 from determined_launch.errors import LaunchError
-from determined_launch.generations import generation_ports, generation_secret
+from determined_launch.launch.generations import generation_ports, generation_secret
 from determined_launch.supervisor import write_private_file
 
 #: torchrun's and Determined's default master port, used for multi-node jobs.

@@ -29,8 +29,15 @@ import secrets
 import zlib
 from typing import Any, Callable, Optional
 
-from determined_launch.signed_files import CLAIMS_DIR, MAX_BYTES, claims_key, printable, say, sign
-from determined_launch.signed_files import verify as _verify
+from determined_launch.launch.signed_files import (
+    CLAIMS_DIR,
+    MAX_BYTES,
+    claims_key,
+    printable,
+    say,
+    sign,
+)
+from determined_launch.launch.signed_files import verify as _verify
 
 #: under the checkpoint storage's prefix; the job's name follows
 BUCKET_DIR = ".det-launch"

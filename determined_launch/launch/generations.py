@@ -27,7 +27,10 @@ import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from determined_launch.claims import (
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
+from determined_launch.errors import EXIT_PREEMPTED, LaunchError
+from determined_launch.launch.claims import (
     ALIVE_EVERY,
     JOINING,
     REJOIN,
@@ -37,9 +40,6 @@ from determined_launch.claims import (
     SharedProgress,
     arrival,
 )
-from determined_launch.cluster.info import ClusterInfo
-from determined_launch.cluster.local_trial import METADATA_FILE, newest_committed
-from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.peers import UNREACHED
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide, nodes

@@ -46,7 +46,7 @@ import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from determined_launch.errors import LaunchError
-from determined_launch.presence import (  # noqa: F401  (re-exported: the launcher's names)
+from determined_launch.launch.presence import (  # noqa: F401  (re-exported: the launcher's names)
     ALIVE,
     ALIVE_EVERY,
     ALIVE_STALE,
@@ -54,7 +54,7 @@ from determined_launch.presence import (  # noqa: F401  (re-exported: the launch
     STARTING,
     Presence,
 )
-from determined_launch.signed_files import ClaimFiles, SignedDir, say
+from determined_launch.launch.signed_files import ClaimFiles, SignedDir, say
 
 if TYPE_CHECKING:
     from determined_launch.core.storage.spec import StorageSpec
@@ -189,8 +189,8 @@ class Claims(Presence):
         others may write, or a store this user cannot write, is refused
         (LaunchError: one line, exit status 2)."""
         if storage is not None and storage.protocol in BUCKET_PROTOCOLS:
-            from determined_launch.bucket_claims import SignedBucket
             from determined_launch.core.storage.objectstore import make_filesystem
+            from determined_launch.launch.bucket_claims import SignedBucket
 
             bucket = SignedBucket(make_filesystem(storage), storage.url, job, secret)
             why = bucket.unwritable()

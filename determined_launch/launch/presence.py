@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from determined_launch.signed_files import ClaimFiles
+from determined_launch.launch.signed_files import ClaimFiles
 
 #: how often a running launcher touches its alive file, and when it is stale
 ALIVE_EVERY = 1.0

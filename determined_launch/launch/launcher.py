@@ -17,11 +17,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import config, envvars, expconf, run_lease, rundir, usage
+from determined_launch import envvars, expconf, rundir, usage
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
-from determined_launch.bucket_claims import job_name
-from determined_launch.claims import Claims
 from determined_launch.cluster.detect import detect
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.cluster.local import SLOTS_ENV
@@ -36,13 +34,16 @@ from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.core.storage import check_storage, commit_check, configured_storage
 from determined_launch.core.trackers import check_trackers
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
-from determined_launch.generations import (
+from determined_launch.launch import config, run_lease
+from determined_launch.launch.bucket_claims import job_name
+from determined_launch.launch.claims import Claims
+from determined_launch.launch.generations import (
     Generation,
     check_min_nodes,
     restart_judge,
     run_generations,
 )
-from determined_launch.runtime import (  # noqa: F401  (re-exported: tests and older imports)
+from determined_launch.launch.runtime import (  # noqa: F401  (re-exported: tests and older imports)
     DEFAULT_C10D_PORT,
     _ports,
     check_ports_free,
