@@ -66,6 +66,7 @@ def test_the_sampler_without_nvml_reports_no_gpu_group_and_says_why_at_debug(
     if _profiler.open_nvml() is not None:
         pytest.skip("this machine has a GPU: scripts/gpu_check_nvml.py covers it")
     caplog.set_level(logging.DEBUG, logger="determined_launch.core")
+    caplog.clear()  # the check above may have said it already
     seen: list[dict[str, Any]] = []
     with make_context(tmp_path, solo()) as ctx:
         profiler = ProfilerContext(ctx.distributed, ctx.profiler._run_dir,
