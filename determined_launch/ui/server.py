@@ -22,7 +22,6 @@ import hmac
 import http.cookies
 import ipaddress
 import json
-import pathlib
 import socket
 import sys
 import urllib.parse
@@ -30,24 +29,12 @@ from http import HTTPStatus
 from typing import Any, Callable, Optional
 
 from determined_launch.common.redact import printable
-from determined_launch.ui import metric_series
+from determined_launch.ui import routes
 from determined_launch.ui.api import Api
 from determined_launch.ui.conn import BoundedServer, DeadlineHandler
-from determined_launch.ui.runs import GROUP, SEARCH_CHARS, Storages
-from determined_launch.ui.system import system
+from determined_launch.ui.routes import ASSETS, STATIC, HttpError, NotFound
 
-STATIC = pathlib.Path(__file__).parent / "static"
-TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
-#: every file the pages need, by its path under /static/ (read once; nothing else there exists)
-ASSETS = {f.relative_to(STATIC).as_posix(): TYPES[f.suffix]
-          for f in sorted(STATIC.rglob("*")) if f.suffix in TYPES and f.is_file()}
-PAGES = ("", "experiments", "runs", "compare")
-#: the writes --actions allows: POST /api/v1/experiments/{name}/{action}
-ACTIONS = ("pause", "kill", "activate")
 COOKIE = "det_ui_token"
-MAX_POINTS = 100_000
-#: the vendored chart library never changes under its URL (app.html names it with ?v=VERSION)
-VENDOR_CACHE = {"Cache-Control": "public, max-age=31536000, immutable"}
 HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -55,10 +42,6 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
 }
-
-
-class NotFound(Exception):
-    pass
 
 
 def is_loopback(host: str) -> bool:
@@ -70,22 +53,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _int(query: dict[str, list[str]], name: str, lo: int, hi: int) -> Optional[int]:
-    raw = query.get(name, [None])[0]
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise NotFound from None
-    return max(lo, min(hi, value))
-
-
-def _trials(query: dict[str, list[str]]) -> Optional[list[int]]:
-    try:
-        return metric_series.parse_trials(query.get("trials", [None])[0])
-    except ValueError:
-        raise NotFound from None  # like any malformed number in a query (_int)
+def _segments(raw_path: str) -> list[str]:
+    """The path's unquoted segments; NotFound for one that could name a path elsewhere."""
+    segments = [urllib.parse.unquote(s) for s in raw_path.split("/")[1:]]
+    if not raw_path.startswith("/") or any(
+            s in (".", "..") or "/" in s or "\\" in s or not s.isprintable() for s in segments):
+        raise NotFound  # control characters (ESC, OSC) name nothing here
+    return segments
 
 
 class UiServer(BoundedServer):
@@ -156,36 +130,30 @@ class Handler(DeadlineHandler):
         if csrf is None:
             self._refuse()
             return
-        length = _int({"n": [self.headers.get("Content-Length") or "0"]}, "n", 0, 1 << 16)
+        length = routes.int_arg({"n": [self.headers.get("Content-Length") or "0"]}, "n", 0,
+                                1 << 16)
         self.rfile.read(length or 0)  # an action takes no body; read it to keep the connection
         raw_path, _, raw_query = self.path.partition("?")
-        status, _ = self._gate(urllib.parse.parse_qs(raw_query))
+        query = urllib.parse.parse_qs(raw_query)
+        status, _ = self._gate(query)
         origin = self.headers.get("Origin")
         given = self.headers.get("X-CSRF-Token") or ""
         if status is None and (not hmac.compare_digest(given.encode(), csrf.encode()) or (
                 origin is not None and origin != f"http://{self.headers.get('Host')}")):
             status = HTTPStatus.FORBIDDEN
-        segments = [urllib.parse.unquote(x) for x in raw_path.split("/")[1:]]
-        if status is None and not raw_path.startswith("/"):
-            status = HTTPStatus.NOT_FOUND
-        if status is None and not (len(segments) == 5 and segments[:3] == ["api", "v1",
-                                                                          "experiments"]
-                                   and segments[4] in ACTIONS):
-            status = HTTPStatus.NOT_FOUND
-        body: Any = None
-        if status is None:
-            from determined_launch.ui import actions
-
+        if status is not None:
+            body = json.dumps({"error": HTTPStatus(status).phrase}).encode()
+        else:
             try:
-                body = (actions.pause_experiment(self.server.api, segments[3])
-                        if segments[4] == "pause"
-                        else actions.det_verb(self.server.api, segments[3], segments[4]))
-                status = HTTPStatus.OK if body is not None else HTTPStatus.NOT_FOUND
-            except actions.ActionError as e:
-                status, body = HTTPStatus.CONFLICT, {"error": str(e)}
-        if body is None:
-            body = {"error": HTTPStatus(status).phrase}
-        self._send(status, json.dumps(body).encode(), "application/json")
+                handler, params = routes.find("POST", _segments(raw_path))
+                body, _, _ = handler(self._request(params, query))
+                status = HTTPStatus.OK
+            except HttpError as e:
+                status, body = e.status, json.dumps({"error": str(e)}).encode()
+        self._send(status, body, "application/json")
+
+    def _request(self, params: dict[str, str], query: dict[str, list[str]]) -> routes.Request:
+        return routes.Request(self.server.api, self.server.csrf, self.server.assets, params, query)
 
     def _serve(self, head: bool) -> None:
         raw_path, _, raw_query = self.path.partition("?")
@@ -200,23 +168,9 @@ class Handler(DeadlineHandler):
         if cookie is not None:
             extra["Set-Cookie"] = f"{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/"
         try:
-            segments = [urllib.parse.unquote(s) for s in raw_path.split("/")[1:]]
-            if not raw_path.startswith("/") or any(
-                    s in (".", "..") or "/" in s or "\\" in s or not s.isprintable()
-                    for s in segments):
-                raise NotFound  # control characters (ESC, OSC) name nothing here
-            if segments[:2] == ["api", "v1"]:
-                body, ctype, more = self._api(segments[2:], query)
-                extra.update(more)
-            elif segments[:1] == ["static"] and "/".join(segments[1:]) in ASSETS:
-                name = "/".join(segments[1:])
-                body, ctype = self.server.assets[name], ASSETS[name]
-                if name.startswith("vendor/"):
-                    extra.update(VENDOR_CACHE)
-            elif segments[0] in PAGES:
-                body, ctype = self.server.assets["app.html"], "text/html"
-            else:
-                raise NotFound
+            handler, params = routes.find("GET", _segments(raw_path))
+            body, ctype, more = handler(self._request(params, query))
+            extra.update(more)
         except NotFound:
             self._send(HTTPStatus.NOT_FOUND, b'{"error": "Not Found"}\n', "application/json",
                        head=head)
@@ -245,79 +199,6 @@ class Handler(DeadlineHandler):
         self.end_headers()
         if not head and status != HTTPStatus.NOT_MODIFIED:
             self.wfile.write(body)
-
-    # -- the API -------------------------------------------------------------------
-
-    def _api(self, seg: list[str], query: dict[str, list[str]]
-             ) -> tuple[bytes, str, dict[str, str]]:
-        api = self.server.api
-        if seg == ["experiments"]:
-            return _json(api.experiments())
-        if seg == ["runs"]:
-            return _json(api.runs())
-        if seg == ["actions"]:  # what the pages may offer, and the CSRF value for it
-            on = self.server.csrf is not None
-            return _json({**dict.fromkeys(ACTIONS, on), "csrf": self.server.csrf})
-        if len(seg) >= 2 and seg[0] == "experiments":
-            name = seg[1]
-            if len(seg) <= 3 and "/".join(seg[2:]) in api.PARTS:  # kept while unchanged
-                body, etag = _found(api.experiment_body(name, "/".join(seg[2:])))
-                return body, "application/json", {"ETag": etag}
-            if seg[2:] == ["metric_names"]:  # the charts' picker: any metric of any group
-                return _json(_found(metric_series.experiment_names(api, name, _trials(query))))
-            if seg[2:] == ["metrics"]:
-                group, metric = query.get("group", [""])[0], query.get("metric", [""])[0]
-                if not GROUP.match(group) or not metric:
-                    raise NotFound
-                return _json(_found(metric_series.experiment_metric(
-                    api, name, group, metric, _trials(query))))
-            if len(seg) >= 4 and seg[2] == "trials" and seg[3].isdigit():
-                tid = int(seg[3])
-                if len(seg) == 4:
-                    return _json(_found(api.trial(name, tid)))
-                run_dir = _found(api.trial_dir(name, tid))
-                return self._run_part(seg[4:], run_dir, api.experiment_storage(name), query)
-        if len(seg) >= 2 and seg[0] == "runs":
-            run_dir = _found(api.run_dir(seg[1]))
-            if len(seg) == 2:
-                return _json(_found(api.run(seg[1])))
-            return self._run_part(seg[2:], run_dir, api.run_storage(seg[1]), query)
-        raise NotFound
-
-    def _run_part(self, seg: list[str], run_dir: str, storage: Storages,
-                  query: dict[str, list[str]]) -> tuple[bytes, str, dict[str, str]]:
-        reader = self.server.api.runs_reader
-        if seg == ["metrics"]:
-            group = query.get("group", ["training"])[0]
-            if not GROUP.match(group):
-                raise NotFound  # a group is a stream's name, never a path
-            points = _int(query, "max_points", 2, MAX_POINTS)
-            since = _int(query, "since", 0, 1 << 62) or 0
-            body, more = reader.chart_body(run_dir, group, points, since)
-            return body, "application/json", more
-        if seg == ["checkpoints"]:
-            return _json(reader.checkpoints(run_dir, storage))
-        if seg == ["metric_names"]:
-            return _json({"groups": metric_series.metric_names(reader, run_dir)})
-        if seg == ["system"]:  # the profiler's samples per node (ui/system.py)
-            return _json(system(run_dir, self.server.api.roots))
-        if seg == ["logs"]:
-            rank = _int(query, "rank", 0, 1 << 20)
-            offset = _int(query, "offset", 0, 1 << 62)
-            search = query.get("q", [""])[0][:SEARCH_CHARS] or None
-            text, end = reader.logs(run_dir, rank, offset, search=search)
-            return text.encode(), "text/plain", {"X-Log-Offset": str(end)}
-        raise NotFound
-
-
-def _found(value: Any) -> Any:
-    if value is None:
-        raise NotFound
-    return value
-
-
-def _json(value: Any) -> tuple[bytes, str, dict[str, str]]:
-    return json.dumps(value, separators=(",", ":")).encode(), "application/json", {}
 
 
 def serve(api: Api, host: str, port: int, token: Optional[str],

@@ -69,9 +69,12 @@ function show(...nodes) { main.replaceChildren(...nodes); }
 function card(title, ...body) { return [h("h2", {}, title), h("div", {class: "card"}, ...body)]; }
 
 // The front-end's routes, one row a page: [path pattern, the page's render function given the
-// pattern's :names]. The server's table (ui/routes.py) serves app.html for the same paths.
+// pattern's :names]. The server's table (ui/routes.py) serves app.html for the same paths
+// (tests/test_ui_routes.py checks the two agree).
 const ROUTES = [
   ["/", () => home],
+  ["/experiments", () => home],
+  ["/runs", () => home],
   ["/experiments/:name", (p) => () => experiment(p.name)],
   ["/experiments/:name/trials/:tid", (p) => () => trialPage(p.name, p.tid)],
   ["/runs/:name", (p) => () => runPage("run", p.name)],
