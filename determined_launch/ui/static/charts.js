@@ -81,13 +81,15 @@ function lineChart(title, series, opts) {
           c.u.setData(aligned(c.series, c.smooth), !c.zoomed); }}), " ", shown),
     h("span", {class: "muted"}, "drag to zoom, double-click to reset"));
   c.el.append(plot, tools);
+  // the y axis's title: given, else what follows "group: " in the chart's title
+  const ylabel = opts.ylabel ?? (title.includes(": ") ? title.split(": ").slice(1).join(": ") : "");
   const draw = () => {
     if (c.u) c.u.destroy();
     const many = series.length > 12;
     c.u = new uPlot({
       title, width: opts.width || 520, height: opts.height || 240,
       scales: {x: {time: false}, y: {distr: c.log ? 3 : 1}},
-      axes: [{label: opts.xlabel || "steps completed", size: 40}, {label: opts.ylabel || "", size: 60,
+      axes: [{label: opts.xlabel || "steps completed", size: 40}, {label: ylabel, size: 60,
         values: c.log ? undefined : (u, vals) => vals.map((v) => fmt(v))}],
       series: [{label: opts.xlabel || "steps", value: (u, v) => fmt(v)},
         ...series.map((s) => ({label: s.name, stroke: s.dim ? s.color + "88" : s.color,
