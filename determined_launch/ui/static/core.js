@@ -27,7 +27,8 @@ function h(tag, attrs, ...kids) {
     : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
-    if (k.startsWith("on")) el.addEventListener(k.slice(2), v); else el.setAttribute(k, v);
+    if (k.startsWith("on")) { el.addEventListener(k.slice(2), v); (el._on ||= {})[k.slice(2)] = v; }
+    else el.setAttribute(k, v);
   }
   for (const kid of kids.flat()) {
     if (kid === null || kid === undefined) continue;
@@ -66,6 +67,21 @@ const main = document.getElementById("main");
 let page = null;
 
 function show(...nodes) { main.replaceChildren(...nodes); }
+// Redraw in place: only the nodes that differ change, so a page redrawn every second keeps the
+// user's text selection, focus and scroll (replacing the nodes drops them).
+function patch(old, next) {
+  if (old.nodeName !== next.nodeName) { old.replaceWith(next); return; }
+  if (old.nodeType === Node.TEXT_NODE) { if (old.data !== next.data) old.data = next.data; return; }
+  if (old.nodeType !== Node.ELEMENT_NODE) return;
+  for (const a of [...old.attributes]) if (!next.hasAttribute(a.name)) old.removeAttribute(a.name);
+  for (const a of next.attributes) if (old.getAttribute(a.name) !== a.value) old.setAttribute(a.name, a.value);
+  for (const [t, f] of Object.entries(old._on || {})) old.removeEventListener(t, f);
+  for (const [t, f] of Object.entries(next._on || {})) old.addEventListener(t, f);
+  old._on = next._on;
+  const kids = [...next.childNodes];
+  while (old.childNodes.length > kids.length) old.lastChild.remove();
+  kids.forEach((kid, i) => i < old.childNodes.length ? patch(old.childNodes[i], kid) : old.append(kid));
+}
 function card(title, ...body) { return [h("h2", {}, title), h("div", {class: "card"}, ...body)]; }
 
 // The front-end's routes, one row a page: [path pattern, the page's render function given the
