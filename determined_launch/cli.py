@@ -37,7 +37,7 @@ from determined_launch.launch.launcher import (
     main_for_backend,
     report_errors,
 )
-from determined_launch.usage import HELP_WORDS
+from determined_launch.launch.usage import HELP_WORDS
 
 #: subcommand -> (module with ``build_plan``, name used in messages)
 BACKENDS = {

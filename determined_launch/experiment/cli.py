@@ -19,10 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from determined_launch import usage, values
+from determined_launch import values
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
 from determined_launch.experiment.command import BACKENDS
-from determined_launch.launch import config
+from determined_launch.launch import config, usage
 from determined_launch.launch.config import Option
 
 OPTIONS: tuple[Option, ...] = (

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from determined_launch import envvars, expconf, rundir, usage
+from determined_launch import envvars, expconf, rundir
 from determined_launch.backends.per_slot import per_slot_plan
 from determined_launch.backends.plan import BackendArgs, JobRuntime, LaunchPlan
 from determined_launch.cluster.detect import detect
@@ -34,7 +34,7 @@ from determined_launch.cluster.torchrun_env import refuse_nested_launch
 from determined_launch.core.storage import check_storage, commit_check, configured_storage
 from determined_launch.core.trackers import check_trackers
 from determined_launch.errors import EXIT_PREEMPTED, LaunchError
-from determined_launch.launch import config, run_lease
+from determined_launch.launch import config, run_lease, usage
 from determined_launch.launch.bucket_claims import job_name
 from determined_launch.launch.claims import Claims
 from determined_launch.launch.generations import (

@@ -9,7 +9,7 @@ change, no I/O, no clock but the times they are given.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from determined_launch.errors import EXIT_OK, EXIT_PREEMPTED
 from determined_launch.supervisor.events import (
@@ -23,14 +23,15 @@ from determined_launch.supervisor.events import (
     message,
     pick_cause,
 )
+from determined_launch.supervisor.verdict_state import VerdictState
 
 #: how a chief that never answered is described (``handoff.chief_unreachable``)
 UNREACHED = "could not be reached"
 #: how the verdict names the chief's launcher as a failure
 CHIEF = "the chief's launcher"
 
-if TYPE_CHECKING:  # verdict.py imports this module
-    from determined_launch.supervisor.verdict import Verdict
+#: the state these functions change (verdict.Verdict is one)
+Verdict = VerdictState
 
 
 def decide(v: Verdict, now: float, wall: float, out: list[Action]) -> None:

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, TypeVar, cast
 
 from determined_launch.core.distributed import env as dist_env
 from determined_launch.core.distributed.errors import DistributedConfigError
 
-if TYPE_CHECKING:
-    from determined_launch.core.distributed.context import DistributedContext
+#: the class the constructors build: ``DistributedContext`` (context.py), which inherits them
+#: (a type variable, so this module never names the class that imports it)
+_C = TypeVar("_C", bound="Factories")
 
 
-def _make(cls: Any, **kwargs: Any) -> DistributedContext:
+def _make(cls: type[_C], **kwargs: Any) -> _C:
     """``cls(**kwargs)``: the mixin itself has no constructor to type-check."""
-    ctx: DistributedContext = cls(**kwargs)
-    return ctx
+    return cast(_C, cast(Any, cls)(**kwargs))
 
 
 class Factories:
@@ -29,11 +29,11 @@ class Factories:
 
     @classmethod
     def from_env(
-        cls,
+        cls: type[_C],
         chief_ip: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
         **kwargs: Any,
-    ) -> DistributedContext:
+    ) -> _C:
         """Detect the rank layout from the launcher's variables: torchrun,
         DeepSpeed, Horovod, OpenMPI, PMI (MPICH/Intel MPI) or SLURM, in that
         order. No launcher variables: a size-1 context."""
@@ -48,8 +48,8 @@ class Factories:
 
     @classmethod
     def from_torch_distributed(
-        cls, chief_ip: Optional[str] = None, **kwargs: Any
-    ) -> DistributedContext:
+        cls: type[_C], chief_ip: Optional[str] = None, **kwargs: Any
+    ) -> _C:
         """From torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
         ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``). The chief
         address is ``chief_ip``, ``DET_CHIEF_IP`` or ``MASTER_ADDR``."""
@@ -62,7 +62,7 @@ class Factories:
         )
 
     @classmethod
-    def from_deepspeed(cls, chief_ip: Optional[str] = None, **kwargs: Any) -> DistributedContext:
+    def from_deepspeed(cls: type[_C], chief_ip: Optional[str] = None, **kwargs: Any) -> _C:
         """From the DeepSpeed launcher's variables (``RANK``, ``WORLD_SIZE``,
         ``LOCAL_RANK``, ``LOCAL_SIZE``, ``CROSS_RANK``, ``CROSS_SIZE``), or
         torchrun's when DeepSpeed was started by torchrun."""
@@ -76,12 +76,12 @@ class Factories:
 
     @classmethod
     def _from_reader(
-        cls,
+        cls: type[_C],
         read: Callable[[Mapping[str, str]], Optional[dist_env.Layout]],
         missing: str,
         chief_ip: Optional[str],
         kwargs: dict[str, Any],
-    ) -> DistributedContext:
+    ) -> _C:
         """A launcher's ``from_*``: its variables (``env=`` or the process's),
         read by ``read``; ``missing`` is the error when they are absent."""
         env = kwargs.pop("env", None)
@@ -93,8 +93,8 @@ class Factories:
 
     @classmethod
     def from_horovod(
-        cls, hvd: Any, chief_ip: Optional[str] = None, **kwargs: Any
-    ) -> DistributedContext:
+        cls: type[_C], hvd: Any, chief_ip: Optional[str] = None, **kwargs: Any
+    ) -> _C:
         """From an initialized Horovod module (``import horovod.torch as hvd;
         hvd.init()``)."""
         return _make(
@@ -111,8 +111,8 @@ class Factories:
 
     @classmethod
     def from_tf_config(
-        cls, env: Optional[Mapping[str, str]] = None, **kwargs: Any
-    ) -> tuple[DistributedContext, Any]:
+        cls: type[_C], env: Optional[Mapping[str, str]] = None, **kwargs: Any
+    ) -> tuple[_C, Any]:
         """A context and a ``tf.distribute.Strategy`` from ``TF_CONFIG``, as
         Determined's: several workers give one rank per worker (chief: the
         first worker's host) and ``MultiWorkerMirroredStrategy``; one worker
@@ -133,12 +133,12 @@ class Factories:
 
     @classmethod
     def _from_layout(
-        cls,
+        cls: type[_C],
         layout: dist_env.Layout,
         chief_ip: Optional[str],
         env: Mapping[str, str],
         kwargs: dict[str, Any],
-    ) -> DistributedContext:
+    ) -> _C:
         return _make(
             cls,
             rank=layout.rank,

@@ -13,10 +13,11 @@ import atexit
 import logging
 import os
 import pathlib
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-if TYPE_CHECKING:
-    from determined_launch.pytorch.api.trial import PyTorchTrial
+#: a ``PyTorchTrial`` (api/trial.py); not imported, since trial.py imports the context that binds
+#: these functions
+PyTorchTrial = Any
 
 logger = logging.getLogger("determined_launch.pytorch")
 
@@ -81,7 +82,7 @@ def build_trial(self: Any, trial_cls: type[PyTorchTrial], *args: Any, **kwargs: 
     """``trial_cls(ctx, *args, **kwargs)``; a class without the
     ``build_*_data_loader`` methods is built too (its data are the loaders
     given to ``train``)."""
-    from determined_launch.pytorch.api.trial import buildable_class
+    from determined_launch.pytorch.api._buildable import buildable_class
 
     return buildable_class(trial_cls)(self, *args, **kwargs)
 
@@ -100,9 +101,9 @@ def train(
     """Seed 002's ``context.train``: ``Trainer(trial, ctx).fit(...)`` with
     the given loaders; returns the last validation metrics."""
     if train_data is not None:
-        trial.build_training_data_loader = lambda: train_data  # type: ignore[method-assign]
+        trial.build_training_data_loader = lambda: train_data
     if val_data is not None:
-        trial.build_validation_data_loader = lambda: val_data  # type: ignore[method-assign]
+        trial.build_validation_data_loader = lambda: val_data
     if min_validation_period is not None:
         fit_kwargs.setdefault("validation_period", min_validation_period)
     if min_checkpoint_period is not None:
@@ -172,7 +173,7 @@ def predict(self: Any, trial: PyTorchTrial, data_loader: Any) -> list[Any]:
     models = list(self.models)
     for model in models:
         model.eval()
-    from determined_launch.pytorch.metrics.validation import _has_batch_idx
+    from determined_launch.pytorch.metrics.utils import _has_batch_idx
 
     fn = getattr(trial, "predict_batch", None)
     takes_idx = fn is None and _has_batch_idx(trial.evaluate_batch)
@@ -186,7 +187,7 @@ def predict(self: Any, trial: PyTorchTrial, data_loader: Any) -> list[Any]:
                 elif takes_idx:
                     out.append(trial.evaluate_batch(batch=batch, batch_idx=idx))
                 else:  # seed 002's evaluate_batch(self, batch)
-                    out.append(trial.evaluate_batch(batch=batch))  # type: ignore[call-arg]
+                    out.append(trial.evaluate_batch(batch=batch))
     finally:
         for model in models:
             model.train()

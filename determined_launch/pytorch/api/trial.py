@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
+from determined_launch.pytorch.api._buildable import buildable_class  # noqa: F401  (its old home)
 from determined_launch.pytorch.api.context import PyTorchTrialContext
 from determined_launch.pytorch.data.loader import DataLoader, data_length
 from determined_launch.pytorch.metrics.reducer import Reducer
@@ -81,33 +82,6 @@ class PyTorchTrial(metaclass=abc.ABCMeta):
     def get_batch_length(self, batch: Any) -> int:
         """Records in ``batch`` (for throughput logs)."""
         return data_length(batch)
-
-
-_LOADER_METHODS = frozenset({"build_training_data_loader", "build_validation_data_loader"})
-
-
-def _no_loader(name: str) -> Any:
-    def method(self: PyTorchTrial) -> Any:
-        raise TypeError(
-            f"{type(self).__name__} defines no {name}(): pass the data to "
-            f"context.train(trial, train_data, val_data), or define {name}()"
-        )
-
-    method.__name__ = name
-    return method
-
-
-def buildable_class(trial_cls: type) -> type:
-    """``trial_cls``, or, when only the ``build_*_data_loader`` methods are
-    missing (seed 002 passes the loaders to ``context.train``), a subclass of
-    the same name that supplies them; anything else abstract stays abstract."""
-    missing: frozenset[str] = getattr(trial_cls, "__abstractmethods__", frozenset())
-    if not missing or not missing <= _LOADER_METHODS:
-        return trial_cls
-    namespace: dict[str, Any] = {name: _no_loader(name) for name in missing}
-    namespace["__module__"] = trial_cls.__module__
-    namespace["__qualname__"] = trial_cls.__qualname__  # checkpoints name the user's class
-    return type(trial_cls.__name__, (trial_cls,), namespace)
 
 
 def _evaluate_batch_defined(trial: PyTorchTrial) -> bool:

@@ -255,3 +255,12 @@ def _to_python(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_to_python(v) for v in value]
     return value
+
+
+def _has_batch_idx(fn: Any) -> bool:
+    """Upstream's ``has_param(fn, "batch_idx", 2)``: a parameter of that name,
+    or at least 2 positional parameters besides ``self`` on a bound method."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    return "batch_idx" in params or len(params) >= 2

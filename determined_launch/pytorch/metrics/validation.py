@@ -16,6 +16,7 @@ import torch
 from determined_launch.pytorch.metrics.training import pytorch_module, tb_writer
 from determined_launch.pytorch.metrics.utils import (
     _convert_metrics_to_numpy,
+    _has_batch_idx,
     _prepare_metrics_reducers,
     _reduce_metrics,
 )
@@ -160,12 +161,3 @@ def _base_callback_method(name: str) -> Any:
     from determined_launch.pytorch.api.callback import PyTorchCallback
 
     return getattr(PyTorchCallback, name)
-
-
-def _has_batch_idx(fn: Any) -> bool:
-    """Upstream's ``has_param(fn, "batch_idx", 2)``: a parameter of that name,
-    or at least 2 positional parameters besides ``self`` on a bound method."""
-    import inspect
-
-    params = inspect.signature(fn).parameters
-    return "batch_idx" in params or len(params) >= 2
