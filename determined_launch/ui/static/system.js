@@ -29,7 +29,7 @@ function systemNode(n) {
   const rows = n.names.map((k) => h("tr", {}, h("td", {}, systemLabel(k)), h("td", {class: "num"}, fmt(n.latest[k])),
     h("td", {class: "num"}, fmt(n.mean[k]))));
   return h("div", {class: "system-node"},
-    h("h3", {}, `node ${n.node}` + (n.host ? ` (${n.host})` : "") + `, ${n.samples} reports`),
+    h("h3", {}, `node ${n.node}` + (n.host ? ` (${n.host})` : "") + `, ${n.samples} report${n.samples === 1 ? "" : "s"}`),
     h("table", {class: "system"}, h("thead", {}, h("tr", {}, h("th", {}, "metric"), h("th", {}, "latest"),
       h("th", {}, "mean"))), h("tbody", {}, ...rows)),
     h("div", {class: "charts"}, ...systemCharts(n)));
