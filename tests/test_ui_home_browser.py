@@ -45,7 +45,7 @@ def test_home_shows_progress_filters_and_keeps_selection(tmp_path: pathlib.Path)
             box = tab.locator("input.home-filter")
             box.click()
             box.type("local")
-            tab.wait_for_function("!document.querySelector('span.progress')")
+            tab.locator("span.progress").wait_for(state="detached")  # (CSP: no polled JS)
             assert "No experiments match" in tab.inner_text("main")
             assert tab.locator("a[href='/runs/local']").count() == 1
             tab.wait_for_timeout(1300)

@@ -200,7 +200,8 @@ def test_the_pages_say_not_found_and_show_the_asha_pill(served: Served) -> None:
             page.goto(f"{served.url}experiments/{NAME}")
             pill = page.locator("tbody .state.stopped-asha")
             expect(pill).to_have_text("stopped (ASHA)", timeout=10_000)
-            assert pill.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(254, 243, 199)"
+            # retried: the page may redraw (new nodes) between finding the pill and reading it
+            expect(pill).to_have_css("background-color", "rgb(254, 243, 199)")
             page.goto(f"{served.url}experiments/{NAME}/trials/2")
             head = page.locator(".card").first
             expect(head).to_contain_text("stopped by the searcher (ASHA) at length 25")

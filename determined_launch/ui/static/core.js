@@ -118,7 +118,8 @@ function route() {
   return home;
 }
 
-function rerender() { page.dirty = true; page.render().then(() => { page.dirty = false; }).catch(() => {}); }
+// A page that ended "not found" is not drawn again (a late answer asking for a redraw).
+function rerender() { if (page.gone) return; page.dirty = true; page.render().then(() => { page.dirty = false; }).catch(() => {}); }
 
 function notFound() {
   const what = location.pathname.split("/").filter(Boolean).map(decodeURIComponent);
@@ -138,6 +139,7 @@ async function loop() {
       live.className = ""; live.textContent = "live";
     } catch (err) {
       if (err instanceof NotFound) { // nothing will appear by asking again each second
+        page.gone = true;
         notFound();
         live.className = "stale"; live.textContent = "not found";
         return;
