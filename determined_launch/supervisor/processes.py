@@ -59,6 +59,9 @@ class ProcessSet:
         self.tool_pids: set[int] = set()
         self._reported: set[int] = set()
         self._prctl = _libc_prctl()
+        #: processes this process already had: never ours to stop or reap (a program that runs
+        #: a Supervisor in-process, a test with its storage servers, keeps its own children)
+        self._theirs = {p.pid for p in _children_of_me()}
 
     def become_subreaper(self) -> bool:
         """Adopt orphaned descendants (Linux >= 3.4), so none can escape ``stop``."""
@@ -166,10 +169,17 @@ class ProcessSet:
                 pass
 
     def _descendants(self) -> Iterator[psutil.Process]:
-        try:
-            yield from psutil.Process().children(recursive=True)
-        except psutil.Error:
-            return
+        """Every descendant but those of the processes that were here before us."""
+        for child in _children_of_me():
+            if not self._theirs:
+                yield child
+                continue
+            try:
+                line = {child.pid, *(p.pid for p in child.parents())}
+            except psutil.Error:
+                continue
+            if not line & self._theirs:
+                yield child
 
     def live_descendants(self) -> list[psutil.Process]:
         live = []
@@ -215,3 +225,10 @@ class ProcessSet:
             self.reap()
             time.sleep(_POLL)
         self.reap()
+
+
+def _children_of_me() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
