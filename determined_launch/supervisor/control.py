@@ -8,7 +8,7 @@ preemption requests; the chief tells every node to stop, to preempt, or that
 the job has finished. A dropped connection means a dead launcher (the kernel
 closes it), heartbeats catch dead hosts.
 
-The wire (HMAC-checked JSON lines) is ``channel.py``.
+The wire (HMAC-checked JSON lines) is ``channel.py``; opening its sockets, ``dial.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from determined_launch.errors import LaunchError
 from determined_launch.supervisor.channel import (
     AuthenticatedStream,
     derive_key,
@@ -29,8 +28,10 @@ from determined_launch.supervisor.channel import (
     read_nonce,
     session_key,
 )
+from determined_launch.supervisor.dial import ControlError, connect, listen, read_first
 from determined_launch.supervisor.events import Kind, Message, message
-from determined_launch.supervisor.portinfo import port_holder
+
+__all__ = ["ChiefLink", "ControlError", "ControlLink", "NodeLink", "job_identity"]
 
 logger = logging.getLogger("determined_launch.control")
 
@@ -72,10 +73,6 @@ class _Pauses:
             return why
         return (f"hung up while this launcher was not running for {self.gap:.0f}s (stopped or "
                 f"starved): it saw this launcher silent")
-
-
-class ControlError(LaunchError):
-    """The control channel could not be set up or was used wrongly."""
 
 
 class ControlLink:
@@ -125,7 +122,7 @@ class ChiefLink(ControlLink):
         self.streams: dict[int, AuthenticatedStream] = {}
         self._lock = threading.Lock()
         self._handshakes = threading.BoundedSemaphore(_MAX_HANDSHAKES)
-        self.listener = _listen(bind_host, port, peer)
+        self.listener = listen(bind_host, port, peer)
         self._spawn(self._accept_loop)
         self._spawn(self._heartbeat_loop)
 
@@ -178,7 +175,7 @@ class ChiefLink(ControlLink):
                                      f"{nonce}.{theirs}", is_chief=True)
         try:
             stream.send(message(Kind.HEARTBEAT))  # proves this chief holds the key, now
-            return stream, _read_first(stream, deadline)
+            return stream, read_first(stream, deadline)
         except OSError:
             stream.close()
             return None
@@ -286,7 +283,10 @@ class NodeLink(ControlLink):
         *, num_nodes: int, peer: str = "launcher",
     ) -> None:
         super().__init__(node_rank, secret, job_identity(port, num_nodes), peer)
-        self.stream, early = _connect(chief_host, port, self, connect_timeout)
+        self.stream, early = connect(
+            chief_host, port, key=self.key, job=self.job, node_rank=node_rank, peer=peer,
+            timeout=connect_timeout, handshake_timeout=HEARTBEAT_TIMEOUT,
+        )
         self.inbox.extend(m for m in early if m.get("type") != Kind.HEARTBEAT)
         self._spawn(self._pump)
         self._spawn(self._heartbeat_loop)
@@ -343,88 +343,3 @@ def job_identity(port: int, num_nodes: int) -> str:
     connection's key. Not the addresses: each node resolves names itself, and
     the chief may listen on another interface than the one nodes reach (NAT)."""
     return f"control port {port}, {num_nodes} nodes"
-
-
-def _read_first(stream: AuthenticatedStream, deadline: float) -> Optional[list[Message]]:
-    """The first authenticated lines (those that came with it too), by ``deadline``."""
-    while (left := deadline - time.monotonic()) > 0:
-        stream.sock.settimeout(left)
-        msgs = stream.recv_lines()
-        if msgs is None:
-            return None
-        if msgs:
-            return msgs
-    return None
-
-
-def _listen(host: str, port: int, peer: str) -> socket.socket:
-    """Bind the chief's address if it is local, else every interface.
-
-    Container addresses are often the host's (NAT), which cannot be bound
-    inside the container; traffic is authenticated either way.
-    """
-    last_error: Optional[OSError] = None
-    for candidate in (host, ""):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((candidate, port))
-            sock.listen(64)
-            return sock
-        except OSError as e:
-            sock.close()
-            last_error = e
-            if e.errno == 98:  # EADDRINUSE: binding elsewhere won't help
-                break
-    held = port_holder(port) if isinstance(last_error, OSError) and last_error.errno == 98 else None
-    by = f" (held by {held})" if held else ""
-    raise ControlError(
-        f"cannot listen on {host}:{port} for the {peer}s' control channel: {last_error}{by}; "
-        "the launcher uses C10D_PORT and the next two (each later generation its own three) - "
-        "set C10D_PORT to move them"
-    )
-
-
-def _connect(host: str, port: int, link: NodeLink, timeout: float
-             ) -> tuple[AuthenticatedStream, list[Message]]:
-    """A connection whose peer proved the job's key for this connection's
-    nonces; a peer that does not (another job, a replay of an earlier
-    connection) is hung up on, and the chief tried again until ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last_error: Optional[Exception] = None
-    while time.monotonic() < deadline:
-        try:
-            sock = socket.create_connection((host, port), timeout=2.0)
-        except OSError as e:
-            last_error = e
-            time.sleep(0.2)
-            continue
-        try:  # one deadline for the whole handshake, as on the chief's side
-            until = time.monotonic() + min(HEARTBEAT_TIMEOUT, max(deadline - time.monotonic(), 0.5))
-            sock.settimeout(until - time.monotonic())
-            theirs = read_nonce(sock, until)
-            if theirs is None:
-                raise ConnectionError("the peer sent no nonce")
-            mine = new_nonce()
-            sock.sendall(f"{mine}\n".encode())
-            stream = AuthenticatedStream(sock, session_key(link.key, link.job, theirs, mine),
-                                         f"{theirs}.{mine}", is_chief=False)
-            stream.send(message(Kind.HELLO, node=link.node_rank))
-            first = _read_first(stream, until)
-            if first is not None:
-                return stream, first
-            last_error = _Unproven("it answered but never proved the job secret: is "
-                                   "DET_DIST_SECRET / job_secret the same on every node?")
-        except (OSError, UnicodeDecodeError) as e:
-            last_error = e
-        sock.close()
-        time.sleep(0.2)
-    hint = "" if isinstance(last_error, _Unproven) else f"; is the {link.peer} running on node 0?"
-    raise ControlError(
-        f"could not reach the chief's {link.peer} at {host}:{port} within {timeout:.0f}s "
-        f"({last_error}){hint}"
-    )
-
-
-class _Unproven(ConnectionError):
-    """The peer at the chief's address does not hold this job's key."""

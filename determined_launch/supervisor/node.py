@@ -10,15 +10,13 @@ prints the one summary line and returns the exit status.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
-import select
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from determined_launch import envvars
@@ -32,6 +30,7 @@ from determined_launch.supervisor.files import remove_leftovers, status_events, 
 from determined_launch.supervisor.processes import GIVE_UP_AFTER_KILL, ProcessSet
 from determined_launch.supervisor.relay import ToolOutput, labels_workers, report_tool_log
 from determined_launch.supervisor.restarts import Decision, RestartJudge
+from determined_launch.supervisor.signals import SignalInbox
 
 if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
     from determined_launch.supervisor.control import ControlLink
@@ -39,8 +38,6 @@ if TYPE_CHECKING:  # the control channel is imported only by multi-node jobs
 logger = logging.getLogger("determined_launch.supervisor")
 
 _TICK = 0.05
-#: Forwarded to every process group without changing the job's state.
-_FORWARDED_SIGNALS = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2, signal.SIGWINCH)
 
 
 class Supervisor:
@@ -64,9 +61,9 @@ class Supervisor:
         self.joining, self.members, self.superseded = joining, members, superseded
         self._joiners: tuple[int, ...] = ()
         self._join_check_at = 0.0
-        #: signals the previous generation blocked for this one (``_defer_signals``);
-        #: after ``run``, those this one blocked for the next
-        self.deferred = deferred
+        #: this generation's signals; ``deferred``: those the previous generation
+        #: blocked for this one, after ``run`` those this one blocked for the next
+        self.signals = SignalInbox(deferred)
         #: ``None``: restarts are off (``--max-restarts 0``) and nothing waits for a
         #: decision; a non-chief node only checks that it is set, the chief decides.
         self.restarts = restarts
@@ -79,7 +76,6 @@ class Supervisor:
         self.config = config
         self.processes = ProcessSet()
         self.link: Optional[ControlLink] = None
-        self.signals: collections.deque[int] = collections.deque()
         self.seen_status_files: set[str] = set()
         #: the hang watchdog and straggler check over the ranks' progress files
         self.watchdog = watchdog.Watchdog(runtime.status_dir, config.hang_timeout)
@@ -107,9 +103,13 @@ class Supervisor:
             now=time.monotonic(),
         )
 
+    @property
+    def deferred(self) -> frozenset[int]:
+        return self.signals.deferred
+
     # ------------------------------------------------------------------ run
     def run(self) -> int:
-        old_handlers = self._install_signal_handlers()
+        self.signals.install(self.config.preempt_signals)
         try:
             self._prepare_files()
             self.processes.become_subreaper()
@@ -156,8 +156,8 @@ class Supervisor:
             if self.link is not None:
                 self.link.close()
             if self.decision.restart:
-                self._defer_signals(old_handlers)
-            self._restore_signal_handlers(old_handlers)
+                self.signals.defer()
+            self.signals.restore()
 
     def _restart_decision(self, status: int) -> Decision:
         """Whether the job restarts: the chief (or a single node) decides and
@@ -174,7 +174,7 @@ class Supervisor:
             bound = self.config.kill_after + v.DRAIN_WAIT + GIVE_UP_AFTER_KILL + 5.0
             return handoff.chief_decides(self.link, self.restarts, status, cause, bound,
                                          self._joiners)
-        # A signal meanwhile waits for the next generation (_defer_signals).
+        # A signal meanwhile waits for the next generation (SignalInbox.defer).
         return handoff.node_decides(self.link, self.restarts, status, cause,
                                     self.verdict.chief_gone, self._next,
                                     self.config.connect_timeout, self.joining)
@@ -229,8 +229,7 @@ class Supervisor:
                 timeout = max(0.0, min(timeout, deadline - time.monotonic()))
             # Sleep until the next tick, or until a signal arrives (SIGCHLD
             # included), so a worker's exit is seen at once.
-            select.select([self._wake_r], [], [], timeout)
-            self._clear_wakeups()
+            self.signals.wait(timeout)
             self._feed(self._observe())
             self._act(self.verdict.tick(time.monotonic(), time.time()))
 
@@ -251,22 +250,14 @@ class Supervisor:
                 self.processes.signal_all(signal.SIGTERM)
                 self._term_sent_at = time.monotonic()
                 deadline = self._term_sent_at + self.config.kill_after
-            hurry = any(s in (signal.SIGINT, signal.SIGTERM) for s in self._drain_signals())
+            hurry = any(s in (signal.SIGINT, signal.SIGTERM) for s in self.signals.drain())
             if hurry or time.monotonic() >= deadline:
                 self.processes.signal_all(signal.SIGKILL)
                 deadline = time.monotonic() + v.KILL_REPEAT
                 give_up = give_up or time.monotonic() + GIVE_UP_AFTER_KILL
-            select.select([self._wake_r], [], [], _TICK)
-            self._clear_wakeups()
+            self.signals.wait(_TICK)
             self.processes.reap()
         self.processes.reap()
-
-    def _clear_wakeups(self) -> None:
-        try:
-            while os.read(self._wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
 
     def _observe(self) -> list[v.Event]:
         """Everything that happened since the last pass. Acknowledgements
@@ -278,7 +269,7 @@ class Supervisor:
             events.append(v.PreemptListening())
         if not self.verdict.acked and os.path.exists(self.runtime.preempt_ack_file):
             events.append(v.PreemptAcknowledged())
-        events.extend(v.SignalReceived(s) for s in self._drain_signals())
+        events.extend(v.SignalReceived(s) for s in self.signals.drain())
         if self.link is not None:
             inbox = self.link.inbox
             while inbox:
@@ -320,10 +311,6 @@ class Supervisor:
                                    self.verdict.s.host, run_dir)
         return [] if hang is None else [v.RankHung(hang.rank, hang.silent)]
 
-    def _drain_signals(self) -> Iterable[int]:
-        while self.signals:
-            yield self.signals.popleft()
-
     def _status_files(self) -> list[v.Event]:
         return status_events(self.runtime.status_dir, self.seen_status_files)
 
@@ -361,44 +348,6 @@ class Supervisor:
         except OSError:
             why = "was lost (sending to it failed)"
             self.link.inbox.append(v.message(v.Kind.LOST, node=0, why=why))
-
-    # -------------------------------------------------------------- signals
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        old: dict[int, Any] = {}
-        wanted = set(self.config.preempt_signals) | {signal.SIGINT, signal.SIGTERM}
-        wanted |= set(_FORWARDED_SIGNALS)
-        for sig in wanted:
-            old[sig] = signal.signal(sig, lambda signum, _frame: self.signals.append(signum))
-        old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda _s, _f: None)
-        self._wake_r, wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(wake_w, False)
-        self._old_wakeup_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        self._wake_w = wake_w
-        if self.deferred:
-            # What the previous generation deferred is delivered now, to these handlers
-            # (before any process starts: children inherit the mask).
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.deferred)
-            self.deferred = frozenset()
-        return old
-
-    def _defer_signals(self, handlers: dict[int, Any]) -> None:
-        """The job restarts: a signal received while this generation ended, or
-        before the next one installs its handlers, is kept pending for it (a
-        TERM then preempts or stops the next generation, as it would have
-        this one), instead of being lost or killing the launcher between them."""
-        wanted = {s for s in handlers if s != signal.SIGCHLD}
-        # only those not blocked already (by whoever started us): the next one unblocks them
-        self.deferred = frozenset(wanted - signal.pthread_sigmask(signal.SIG_BLOCK, wanted))
-        for sig in self._drain_signals():
-            os.kill(os.getpid(), sig)  # pending until the next generation unblocks it
-
-    def _restore_signal_handlers(self, old: dict[int, Any]) -> None:
-        signal.set_wakeup_fd(self._old_wakeup_fd)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def supervise(
