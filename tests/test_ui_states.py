@@ -4,6 +4,7 @@ stops asking; and the pages' kill and activate actions (§4) under pause's rules
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -196,7 +197,10 @@ def test_the_pages_say_not_found_and_show_the_asha_pill(served: Served) -> None:
             expect(page.get_by_role("link", name="All experiments and runs")).to_be_visible()
             n = len(asked)
             time.sleep(2.5)
-            assert len(asked) == n <= 6, asked  # the page and its 4 requests, once
+            assert len(asked) == n, asked  # it stopped asking once it said "not found"
+            # each answer asked for at most twice: the page's side fetches and one poll tick
+            # may already be on their way when the first 404 lands (a loaded machine)
+            assert max(collections.Counter(asked).values()) <= 2, asked
             page.goto(f"{served.url}experiments/{NAME}")
             pill = page.locator("tbody .state.stopped-asha")
             expect(pill).to_have_text("stopped (ASHA)", timeout=10_000)
