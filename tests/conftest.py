@@ -177,7 +177,14 @@ def launches() -> Iterator[list[Launch]]:
     for launch in started:
         if launch.proc.poll() is None:
             launch.proc.kill()
-            launch.proc.wait()
+            try:
+                out, err = launch.proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                out, err = "", "(its pipes stayed open)"
+            # A test that failed on one launcher (node 1 waiting, say) is explained by
+            # the other's output: pytest shows this with the failure.
+            print(f"launcher {launch.proc.args[-1]!r} was still running; stderr tail:\n"
+                  f"{err[-4000:]}\nstdout tail:\n{out[-2000:]}")
         launch.kill_leftovers()
 
 

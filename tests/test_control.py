@@ -222,6 +222,29 @@ def test_unreachable_chief_is_a_clear_error() -> None:
         NodeLink("127.0.0.1", free_port_block(1), 1, SECRET, connect_timeout=0.5, num_nodes=3)
 
 
+def test_a_node_waiting_for_its_chief_says_so_while_it_waits(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from determined_launch.supervisor import dial
+
+    # The real schedule (10 s, 30 s, then each minute) shortened to the test's timeout.
+    monkeypatch.setattr(dial, "notice_times", lambda timeout: [0.3])
+    port = free_port_block(1)
+    with pytest.raises(ControlError):
+        NodeLink("127.0.0.1", port, 1, SECRET, connect_timeout=0.8, num_nodes=3)
+    err = capsys.readouterr().err
+    assert err.count("still waiting") == 1, err
+    assert f"node 1 is still waiting for the chief's launcher at 127.0.0.1:{port}" in err
+    assert "Connection refused" in err
+
+
+def test_the_waiting_notices_come_at_10_and_30_s_then_each_minute() -> None:
+    from determined_launch.supervisor.dial import notice_times
+
+    assert notice_times(300) == [10, 30, 90, 150, 210, 270]
+    assert notice_times(10) == [] and notice_times(25) == [10]
+
+
 def test_busy_port_is_a_clear_error(chief: ChiefLink) -> None:
     with pytest.raises(ControlError, match="set C10D_PORT to move them"):
         ChiefLink("127.0.0.1", port_of(chief), 2, SECRET)

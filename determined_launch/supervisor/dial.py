@@ -8,6 +8,7 @@ first authenticated lines prove the peer holds the job secret.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from typing import Optional
 
@@ -73,9 +74,20 @@ def connect(host: str, port: int, *, key: bytes, job: str, node_rank: int, peer:
     nonces; a peer that does not (another job, a replay of an earlier
     connection) is hung up on, and the chief tried again until ``timeout``.
     Also returns the first lines that came with the proof."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    notices = iter(notice_times(timeout))
+    next_notice = next(notices, None)
     last_error: Optional[Exception] = None
     while time.monotonic() < deadline:
+        waited = time.monotonic() - start
+        if next_notice is not None and waited >= next_notice:
+            # Without this a node whose chief never comes is silent for the whole
+            # connect timeout (300 s by default): say who it waits for and why.
+            print(f"det-launch: node {node_rank} is still waiting for the chief's {peer} at "
+                  f"{host}:{port} ({waited:.0f}s of {timeout:.0f}s; last: {last_error})",
+                  file=sys.stderr, flush=True)
+            next_notice = next(notices, None)
         try:
             sock = socket.create_connection((host, port), timeout=2.0)
         except OSError as e:
@@ -107,6 +119,18 @@ def connect(host: str, port: int, *, key: bytes, job: str, node_rank: int, peer:
         f"could not reach the chief's {peer} at {host}:{port} within {timeout:.0f}s "
         f"({last_error}){hint}"
     )
+
+
+def notice_times(timeout: float) -> list[float]:
+    """Seconds into a wait for the chief at which a node says it is still waiting:
+    after 10 s and 30 s, then every minute, never at or after the timeout itself
+    (the error says it then)."""
+    times: list[float] = []
+    at = 10.0
+    while at < timeout:
+        times.append(at)
+        at = 30.0 if at < 30.0 else at + 60.0
+    return times
 
 
 class _Unproven(ConnectionError):
