@@ -4,6 +4,7 @@ core's ``RunDir``, checkpoints in the directory storage's layout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -14,12 +15,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any, Optional
+
+import pytest
 
 from determined_launch.core._rundir import RunDir
 
 SECRET = "hunter2-s3cr3t"
 NAME = "exp-a"
+#: the browser tests drive Debian's chromium (scripts/install_ui.sh), never a download
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 def _dist() -> Any:
@@ -135,3 +143,37 @@ class Served:
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def playwright_or_skip() -> Any:
+    """Playwright's sync API for a browser test module, or the module skipped."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)", allow_module_level=True)
+    return sync_api
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless chromium (Playwright's Browser); closed at the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def browsing(*args: str, cwd: Optional[pathlib.Path] = None,
+             viewport: Optional[dict[str, int]] = None) -> Iterator[tuple[Served, Any]]:
+    """``det-launch ui *args`` and one chromium tab (a module's fixture shares them:
+    starting both costs seconds on a loaded machine); both stopped at the end."""
+    served = Served(*args, cwd=cwd)
+    try:
+        with chromium() as browser:
+            yield served, browser.new_page(viewport=viewport or {"width": 1280, "height": 900})
+    finally:
+        served.stop()

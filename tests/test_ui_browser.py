@@ -15,17 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests._ui_helpers import Served
+from tests._ui_helpers import ARGS, CHROMIUM, Served, chromium, playwright_or_skip
 
 pytest.importorskip("optuna")
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)", allow_module_level=True)
-
+playwright = playwright_or_skip()
+__all__ = ["ARGS", "CHROMIUM"]  # test_ui_states imports them from here
 DOCS_IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "images"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 CONFIG = """\
 name: ui-demo
@@ -68,10 +63,8 @@ with core.init() as ctx:
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def test_pages_follow_a_real_experiment(tmp_path: pathlib.Path, browser: object) -> None:

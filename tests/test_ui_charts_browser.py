@@ -13,30 +13,18 @@ from typing import Any
 
 import pytest
 
-from tests._ui_helpers import NAME, Served
+from tests._ui_helpers import NAME, Served, browsing, playwright_or_skip
 from tests.test_ui_charts import _with_custom_group
 
 pytest.importorskip("optuna")
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)", allow_module_level=True)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+playwright = playwright_or_skip()
 DOCS_IMAGES = pathlib.Path(__file__).resolve().parent.parent / "docs" / "images"
 
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Any]]:
-    served = Served(str(_with_custom_group(tmp_path_factory.mktemp("charts"))))
-    try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            yield served, page
-            browser.close()
-    finally:
-        served.stop()
+    with browsing(str(_with_custom_group(tmp_path_factory.mktemp("charts")))) as served_page:
+        yield served_page
 
 
 def _images(tmp: pathlib.Path) -> pathlib.Path:

@@ -5,21 +5,16 @@ before the importance answer comes, in pages, with a filter box. No timings here
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests._ui_helpers import Served
+from tests._ui_helpers import Served, browsing, playwright_or_skip
 
 pytest.importorskip("optuna")
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)", allow_module_level=True)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+playwright_or_skip()
 TRIALS = 1100
 ROW = "main table.data-table tbody tr"  # not a chart legend's
 
@@ -46,40 +41,36 @@ def _experiment(root: pathlib.Path) -> None:
 
 
 @pytest.fixture
-def served(tmp_path: pathlib.Path) -> Iterator[Served]:
+def page(tmp_path: pathlib.Path) -> Iterator[tuple[Served, Any]]:
     _experiment(tmp_path)
-    s = Served(cwd=tmp_path)
-    yield s
-    s.stop()
+    with browsing(cwd=tmp_path) as served_page:
+        yield served_page
 
 
 @pytest.mark.slow
-def test_the_table_is_drawn_before_importance_and_pages_and_filters(served: Served) -> None:
+def test_the_table_is_drawn_before_importance_and_pages_and_filters(
+        page: tuple[Served, Any]) -> None:
+    served, tab = page
     held: list[Any] = []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page()
-            page.route("**/importance", lambda route: held.append(route))  # held back
-            page.goto(served.url + "experiments/many")
-            page.wait_for_selector(ROW, timeout=30_000)
-            assert held, "the page asked for importance"
-            assert page.get_by_text("computing hyperparameter importance").count() == 1
-            rows = page.locator(ROW)
-            assert rows.count() == 100  # one page of the 1,100 trials
-            for column in ("start", "duration"):
-                assert page.get_by_role("columnheader", name=column, exact=True).count() == 1
-            assert "page 1 of 11" in page.locator(".pager").inner_text()
-            page.locator(".pager button", has_text="›").click()
-            page.wait_for_selector(".pager >> text=page 2 of 11")
-            assert rows.count() == 100
-            page.locator("input.table-filter").fill("1077")
-            page.wait_for_selector(".table-bar >> text=/ of 1100 rows/")
-            kept = rows.all_inner_texts()
-            assert 1 <= len(kept) < 100 and all("1077" in r for r in kept), kept
-            held[0].continue_()  # now the importance chart replaces its placeholder
-            page.wait_for_selector("main svg[aria-label*='importance']", timeout=30_000)
-            assert page.get_by_text("computing hyperparameter importance").count() == 0
-            assert rows.all_inner_texts() == kept  # the filter survived the page drawn again
-        finally:
-            browser.close()
+    tab.route("**/importance", lambda route: held.append(route))  # held back
+    tab.goto(served.url + "experiments/many")
+    tab.wait_for_selector(ROW, timeout=30_000)
+    assert held, "the page asked for importance"
+    assert tab.get_by_text("computing hyperparameter importance").count() == 1
+    rows = tab.locator(ROW)
+    assert rows.count() == 100  # one page of the 1,100 trials
+    for column in ("start", "duration"):
+        assert tab.get_by_role("columnheader", name=column, exact=True).count() == 1
+    assert "page 1 of 11" in tab.locator(".pager").inner_text()
+    tab.locator(".pager button", has_text="›").click()
+    tab.wait_for_selector(".pager >> text=page 2 of 11")
+    assert rows.count() == 100
+    tab.locator("input.table-filter").fill("1077")
+    tab.wait_for_selector(".table-bar >> text=/ of 1100 rows/")
+    kept = rows.all_inner_texts()
+    assert 1 <= len(kept) < 100 and all("1077" in r for r in kept), kept
+    held[0].continue_()  # now the importance chart replaces its placeholder
+    tab.wait_for_selector("main svg[aria-label*='importance']", timeout=30_000)
+    assert tab.get_by_text("computing hyperparameter importance").count() == 0
+    assert rows.all_inner_texts() == kept  # the filter survived the page drawn again
+    assert tab.evaluate("document.activeElement.classList.contains('table-filter')")

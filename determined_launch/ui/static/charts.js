@@ -65,7 +65,7 @@ function lineChart(title, series, opts) {
   if (c) c.u.destroy();
   c = {sig, series, ...keep, zoomed: false};
   chartState.set(key, c);
-  c.el = h("div", {class: "chart uchart", "data-key": key});
+  c.el = h("div", {class: "chart uchart", "data-key": key, "data-keep": ""}); // patch() keeps it
   const positive = series.every((s) => s.points.every((p) => typeof p[1] !== "number" || p[1] > 0));
   if (!positive) c.log = false;
   const plot = h("div", {class: "plot"});

@@ -32,9 +32,21 @@ function h(tag, attrs, ...kids) {
   }
   for (const kid of kids.flat()) {
     if (kid === null || kid === undefined) continue;
-    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    el.append(!(kid instanceof Node) ? document.createTextNode(String(kid))
+      : kid.isConnected && keeps(kid) ? standIn(kid) : kid);
   }
   return el;
+}
+// A kept node (data-keep: a chart) already on the page is not taken out of it while a redraw is
+// built (that would reset its scroll): the new tree holds a stand-in that patch() resolves.
+const keeps = (n) => n.nodeType === Node.ELEMENT_NODE && n.hasAttribute("data-keep");
+const standIn = (n) => Object.assign(document.createComment("kept"), {kept: n});
+function place(n) { // a node going onto the page: its stand-ins become their kept nodes
+  if (n.kept) return n.kept;
+  const w = document.createTreeWalker(n, NodeFilter.SHOW_COMMENT), found = [];
+  while (w.nextNode()) if (w.currentNode.kept) found.push(w.currentNode);
+  for (const c of found) c.replaceWith(c.kept);
+  return n;
 }
 
 const fmt = (v) => v === null || v === undefined ? "–" : typeof v === "number"
@@ -66,11 +78,14 @@ const state = (s) => h("span", {class: `state ${slug(s)}`}, s);
 const main = document.getElementById("main");
 let page = null;
 
-function show(...nodes) { main.replaceChildren(...nodes); }
+// A new frame (a page's shell, "not found"): the nodes replace what main shows.
+function show(...nodes) { main.replaceChildren(...nodes.map(place)); }
 // Redraw in place: only the nodes that differ change, so a page redrawn every second keeps the
-// user's text selection, focus and scroll (replacing the nodes drops them).
+// user's text selection, focus, typed filters and the scroll of its boxes (replacing the nodes
+// drops them). A kept node (a chart: uPlot's canvas, zoom, legend) is never patched, only placed.
 function patch(old, next) {
-  if (old.nodeName !== next.nodeName) { old.replaceWith(next); return; }
+  if (old === next || old === next.kept) return;
+  if (old.nodeName !== next.nodeName || keeps(old) || keeps(next) || next.kept) { old.replaceWith(place(next)); return; }
   if (old.nodeType === Node.TEXT_NODE) { if (old.data !== next.data) old.data = next.data; return; }
   if (old.nodeType !== Node.ELEMENT_NODE) return;
   for (const a of [...old.attributes]) if (!next.hasAttribute(a.name)) old.removeAttribute(a.name);
@@ -78,9 +93,20 @@ function patch(old, next) {
   for (const [t, f] of Object.entries(old._on || {})) old.removeEventListener(t, f);
   for (const [t, f] of Object.entries(next._on || {})) old.addEventListener(t, f);
   old._on = next._on;
-  const kids = [...next.childNodes];
-  while (old.childNodes.length > kids.length) old.lastChild.remove();
-  kids.forEach((kid, i) => i < old.childNodes.length ? patch(old.childNodes[i], kid) : old.append(kid));
+  fill(old, ...next.childNodes);
+  // what the user changed lives in properties, not attributes: the redraw says what they are
+  for (const k of ["checked", "value", "selected"]) if (k in old && old[k] !== next[k]) old[k] = next[k];
+}
+// Redraw el's children in place (patch) to kids, given as h() takes them.
+function fill(el, ...kids) {
+  kids = [...h("div", {}, ...kids).childNodes];
+  kids.forEach((kid, i) => {
+    const at = el.childNodes[i];
+    if (!at) el.append(place(kid));
+    else if (kid.kept && at !== kid.kept) el.insertBefore(kid.kept, at); // moved: placed here
+    else patch(at, kid);
+  });
+  while (el.childNodes.length > kids.length) el.lastChild.remove();
 }
 function card(title, ...body) { return [h("h2", {}, title), h("div", {class: "card"}, ...body)]; }
 

@@ -46,6 +46,6 @@ async function systemSection(base) {
     page.parts.charts.after(h("h2", {}, "System"), box);
   } else if (!s.changed) return;
   const nodes = s.data.nodes || [];
-  box.replaceChildren(...(nodes.length ? nodes.map(systemNode) : [h("p", {class: "muted"},
+  fill(box, ...(nodes.length ? nodes.map(systemNode) : [h("p", {class: "muted"},
     "no system metrics yet (the Trainer samples once a second and writes them every 10 s)")]));
 }

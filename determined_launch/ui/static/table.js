@@ -40,14 +40,10 @@ function table(cols, rows, opts) {
     : ` ${sorted.length} of ${rows.length} rows`);
   let box = null;
   if (opts.filter) {
-    // The page is drawn again when its data change: the box keeps its focus and caret.
-    const had = document.activeElement;
-    const focused = had && had.dataset && had.dataset.table === key;
-    const caret = focused ? had.selectionStart : null;
+    // The page is drawn again in place (core.js's fill): the box keeps its focus and caret.
     box = h("input", {type: "search", class: "table-filter", "data-table": key, value: view.q,
       placeholder: "filter rows", "aria-label": "filter rows",
       oninput: (ev) => { view.q = ev.target.value; view.page = 0; rerender(); }});
-    if (focused) setTimeout(() => { box.focus(); box.setSelectionRange(caret, caret); });
   }
   const bar = box || pager ? h("div", {class: "table-bar"}, box, count, pager) : null;
   return bar ? h("div", {}, bar, t) : t;

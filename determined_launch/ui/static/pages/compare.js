@@ -50,7 +50,7 @@ async function compare() {
   const charts = chosen.map((m) => lineChart(m, items.map((it, i) => ({name: label(it),
     color: COLORS[i % COLORS.length], points: curves[i][m] || []})),
   {key: `compare ${m}`, ylabel: m.split(": ").slice(1).join(": ")}));
-  show(h("h1", {}, "Compare"), h("div", {class: "card"}, h("div", {class: "toolbar"},
+  fill(main, h("h1", {}, "Compare"), h("div", {class: "card"}, h("div", {class: "toolbar"},
     h("span", {}, "trials and runs"), picker, h("span", {}, "metrics"), metricSel)),
   items.length ? h("div", {class: "charts"}, ...charts) : h("p", {class: "muted"}, "Pick trials or runs to compare."),
   items.length ? h("div", {class: "card"}, sideBySide(items.map(label), infos.map((i) => i.data), curves, names)) : null);

@@ -64,7 +64,7 @@ async function experiment(name) {
   const activate = ["paused", "stopped"].includes(x.state) ? action("activate", "Activate experiment",
     `Activate experiment ${x.name}? Its search resumes from the trials' checkpoints.`,
     (b) => b.message || "activated") : null;
-  show(h("h1", {}, `Experiment ${x.name}`),
+  fill(main, h("h1", {}, `Experiment ${x.name}`),
     h("div", {class: "card"}, h("dl", {class: "kv"},
       ...[["state", state(x.state)], ["searcher", x.searcher], ["metric",
         `${x.metric} (${x.smaller_is_better ? "smaller" : "larger"} is better)`],

@@ -35,8 +35,8 @@ async function home() {
   })), {sortKey: "home-runs"});
   const none = (all, what) => h("p", {class: "muted"}, all.length ? `No ${what} match "${page.filter}".`
     : `No ${what} under the served paths.`);
-  patch(page.parts.exps, h("div", {class: "card"}, exps.length ? expTable : none(e.data, "experiments")));
-  patch(page.parts.runs, h("div", {class: "card"}, runs.length ? runTable : none(r.data, "plain runs")));
+  fill(page.parts.exps, exps.length ? expTable : none(e.data, "experiments"));
+  fill(page.parts.runs, runs.length ? runTable : none(r.data, "plain runs"));
 }
 
 // Built once: the filter box lives across redraws (its text, focus and caret stay).

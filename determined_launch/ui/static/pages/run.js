@@ -16,10 +16,10 @@ async function runPage(kind, name, tid) {
       ["status", r.status || r.outcome || "–"], ["resumed from", r.resumed_from || "–"],
       ["restarts seen", fmt(r.restarts)], ["latest checkpoint", r.latest_checkpoint || "–"],
       ["slow ranks", stragglerFacts(r.stragglers)]];
-    page.parts.head.replaceChildren(h("h1", {}, title), h("dl", {class: "kv"},
+    fill(page.parts.head, h("h1", {}, title), h("dl", {class: "kv"},
       ...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
     const hparams = r.hparams_all || r.hparams || {};
-    page.parts.hparams.replaceChildren(Object.keys(hparams).length
+    fill(page.parts.hparams, Object.keys(hparams).length
       ? h("dl", {class: "kv"}, ...Object.entries(hparams).flatMap(([k, v]) =>
         [h("dt", {}, k), h("dd", {}, typeof v === "object" ? JSON.stringify(v) : fmt(v))]))
       : h("p", {class: "muted"}, "none recorded"));
@@ -32,25 +32,26 @@ async function runPage(kind, name, tid) {
         if (pts.length) charts.push(lineChart(`${g}: ${m}`, [{name: m, points: pts, color: COLORS[gi % COLORS.length]}]));
       }
     });
-    page.parts.charts.replaceChildren(...(charts.length ? charts : [h("p", {class: "muted"}, "no metrics reported yet")]));
-    page.parts.ckpts.replaceChildren(ck.data.length ? table(["uuid", "steps completed", "state", "size", "time", "storage", "metadata"],
+    fill(page.parts.charts, ...(charts.length ? charts : [h("p", {class: "muted"}, "no metrics reported yet")]));
+    fill(page.parts.ckpts, ck.data.length ? table(["uuid", "steps completed", "state", "size", "time", "storage", "metadata"],
       ck.data.map((c) => ({cells: [h("code", {}, c.uuid), fmt(c.steps_completed), state(c.state),
         bytes(c.size), when(c.time), c.storage || "–", ckptMetadata(c.metadata)],
       sort: [c.uuid, c.steps_completed, c.state, c.size, c.time, c.storage,
         JSON.stringify(c.metadata)]})), {sortKey: "ck", sortCol: 4})
       : h("p", {class: "muted"}, "no checkpoints yet"));
-    page.parts.events.replaceChildren(r.history.length
+    fill(page.parts.events, r.history.length
       ? table(["time", "event"], r.history.map((e, i) => ({cls: `event ${e.kind}`, // in log order:
         cells: [when(e.time), e.text], sort: [i, e.text]})), {sortKey: "history", sortCol: 0})  // times may be unknown
       : h("p", {class: "muted"}, "no preemptions or restarts"));
-    page.parts.tail.replaceChildren(...(r.output_tail ? [h("h2", {}, "Last lines of its output"),
+    fill(page.parts.tail, ...(r.output_tail ? [h("h2", {}, "Last lines of its output"),
       h("pre", {class: "logs tail"}, r.output_tail)] : r.state === "errored" || r.state === "failed"
       ? [h("p", {class: "muted"}, "no output kept: a plain run's output goes to its launcher's terminal")]
       : []));
-    page.parts.slow.replaceChildren(stragglerTable(r.stragglers));
+    fill(page.parts.slow, stragglerTable(r.stragglers));
     rankOptions(r.log_ranks || []);
   }
   await pollLogs(base);
+  await systemSection(base); // system.js: a trial's or a run's profiler samples
 }
 
 function buildRunShell(kind, name, tid, base) {

@@ -2,5 +2,4 @@
 "use strict";
 async function trialPage(name, tid) {
   await runPage("trial", name, tid);
-  await systemSection(`${API}/experiments/${enc(name)}/trials/${tid}`); // system.js
 }
