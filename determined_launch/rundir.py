@@ -8,6 +8,7 @@ A run directory holds what a master would keep for one run off-cluster::
     <run_dir>/command.json            the command that owns the run (its identity)
     <run_dir>/lease.json              the one live job (its launchers renew it: run_lease.py)
     <run_dir>/exit.json               how the last job ended: its exit status, when (the chief)
+    <run_dir>/output.log              what the job printed, run after run (launch/output_record.py)
 
 **Identity.** A run is one (command, trial). The default directory is
 ``./det_runs/local`` for the local trial (``trial-<id>`` for a scheduler's
@@ -54,6 +55,7 @@ CHECKPOINT_LOG_FILE = f"{CHECKPOINT_LOG}.jsonl"
 COMMAND_FILE = "command.json"
 LEASE_FILE = "lease.json"
 EXIT_FILE = "exit.json"
+OUTPUT_FILE = "output.log"
 #: Only so much of the checkpoint log is read (a file from outside), and so
 #: many candidates are asked whether they are committed (object storage: a
 #: request each).

@@ -99,8 +99,13 @@ def test_a_crashed_plain_run_is_errored(tmp_path: pathlib.Path) -> None:
         assert run["name"] == "local" and run["state"] == "errored"
         one = s.json("/api/v1/runs/local")
         assert one["exit_status"] == 1 and one["ended"] == "errored (exit status 1)"
+        # its own output: the exception, kept by the launcher in the run directory
+        assert "RuntimeError: boom" in one["output_tail"], one["output_tail"]
+        assert "about to crash" in s.get("/api/v1/runs/local/logs")[2].decode()
     finally:
         s.stop()
+    # ... while the launcher's own streams still got all of it
+    assert "about to crash" in done.stdout and "RuntimeError: boom" in done.stderr
     # run again, it succeeds: the last job's record is the one shown
     (tmp_path / "crash.py").write_text("print('fine')\n")
     subprocess.run([sys.executable, "-m", "determined_launch.cli", "exec", "--",

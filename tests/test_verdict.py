@@ -192,8 +192,33 @@ def test_a_lost_peer_ended_by_our_stop_is_named_with_the_noticing_ranks_status()
     c.at(1.5).send(v.RankExited(1, 143, 1001.5))  # our TERM ended its slow teardown
     c.send(v.ProcessExited(0, 143, 1001.6))
     assert verdict.result == 1  # never the status of a death we caused
-    assert "rank 1 on node 0 (h0) failed (rank 0 lost its connection to it; our stop then " \
+    assert "rank 1 on node 0 (h0) failed (rank 0 lost its connection to it; a stop then " \
            "ended it, status 143) first (2 ranks failed); exit status 1" in verdict.summary()
+
+
+def test_a_lost_peer_ended_by_the_frameworks_stop_before_ours_is_named_the_same_way() -> None:
+    """torchrun TERMs rank 1 (in its slow teardown) as soon as rank 0 exits, before our
+    launcher has seen rank 0's exit: rank 1's 143 is still not the cause's status."""
+    verdict = make(roles=("worker",))
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankLostPeers(0, (1,)))
+    c.send(v.RankExited(0, 1, 1000.9))  # our stop begins at wall 1001.0
+    c.send(v.RankExited(1, 143, 1000.95))  # torchrun's TERM, before ours
+    c.at(1.5).send(v.ProcessExited(0, 1, 1001.6))
+    assert verdict.result == 1
+    assert "rank 1 on node 0 (h0) failed (rank 0 lost its connection to it; a stop then " \
+           "ended it, status 143) first (2 ranks failed); exit status 1" in verdict.summary()
+
+
+def test_a_rank_killed_before_its_peer_lost_it_keeps_its_own_status() -> None:
+    verdict = make(roles=("worker",))
+    c = Clock(verdict).at(1.0)
+    c.send(v.RankExited(1, 137, 1000.8))  # the OOM killer; rank 0 notices afterwards
+    c.send(v.RankLostPeers(0, (1,)))
+    c.send(v.RankExited(0, 1, 1000.9))
+    c.at(1.5).send(v.ProcessExited(0, 1, 1001.6))
+    assert verdict.result == 137
+    assert "rank 1 on node 0 (h0) was killed by SIGKILL (status 137) first" in verdict.summary()
 
 
 def test_without_a_note_a_death_after_the_stop_is_still_ours() -> None:

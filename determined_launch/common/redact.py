@@ -10,6 +10,8 @@ every layer may use it.
 * ``redact_text(text)``: free text (logs, status notes, launcher lines):
   ``scheme://user:pw@host``, ``password=x``, ``{"password": "x"}``,
   ``'secret': 'x'``, ``Authorization: Bearer x``, ``--password x``.
+* ``as_shown(text)``: a captured terminal's output without its colour codes
+  and progress bars' overwritten states.
 * ``printable(text)``: text from outside (a request path, a tracker server's
   error) made safe for a terminal: control characters (ESC, OSC's BEL, C1,
   newlines) written as ``\\x1b``-style escapes, so it is one inert line.
@@ -51,6 +53,18 @@ def redact_text(text: str) -> str:
     text = TEXT_SECRET.sub(_keep_quotes, text)
     text = FLAG_SECRET.sub(_keep_quotes, text)
     return BEARER.sub(rf"\1{REDACTED}", text)
+
+
+#: a terminal's control sequence (colours, cursor moves): ESC [ params final
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: what a ``\r`` without its ``\n`` rewrote: a progress bar's earlier states
+_REWRITTEN = re.compile(r"[^\n]*\r(?!\n|$)")
+
+
+def as_shown(text: str) -> str:
+    """Output captured from a terminal (``output.log``) as the terminal showed it:
+    colour codes dropped, a line rewritten through ``\r`` as its last state."""
+    return _REWRITTEN.sub("", _CSI.sub("", text))
 
 
 def _keep_quotes(m: re.Match[str]) -> str:

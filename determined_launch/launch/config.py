@@ -62,6 +62,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("verbose", "DET_LAUNCH_VERBOSE", "--verbose", values.boolean, False,
            "show torchrun's, deepspeed's and horovodrun's own output instead of logging it",
            switch=True),
+    Option("no_output_log", "DET_LAUNCH_NO_OUTPUT_LOG", "--no-output-log", values.boolean, False,
+           "do not keep what the job prints in the run directory's output.log (the chief keeps it "
+           "there, for det-launch ui and det t logs)", switch=True),
     # The local trial (cluster/local_trial.py): checked when the launcher resolves it.
     Option("hparams", "DET_LAUNCH_HPARAMS", "--hparams", str, None,
            "the local trial's hyperparameters: a JSON object or a JSON/YAML file",

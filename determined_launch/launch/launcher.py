@@ -43,6 +43,7 @@ from determined_launch.launch.generations import (
     restart_judge,
     run_generations,
 )
+from determined_launch.launch.output_record import OutputRecord
 from determined_launch.launch.runtime import (  # noqa: F401  (re-exported: tests and older imports)
     DEFAULT_C10D_PORT,
     _ports,
@@ -98,6 +99,8 @@ class LauncherOptions:
     report_to: tuple[str, ...] = ()
     #: ``--checkpoint-storage``: what every rank's ``core.init`` saves to (core/storage/).
     checkpoint_storage: Optional[str] = None
+    #: The chief keeps what the job prints in ``<run_dir>/output.log`` (``--no-output-log``: not).
+    output_log: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LauncherOptions:
@@ -126,6 +129,7 @@ class LauncherOptions:
                 hparams=v["hparams"] or None, config=v["config"] or None, fresh=v["fresh"]),
             report_to=v["report_to"],
             checkpoint_storage=v["checkpoint_storage"] or None,
+            output_log=not v["no_output_log"],
             **extra,
         )
 
@@ -248,11 +252,16 @@ def run(
                 rundir.record_exit(lease.run_dir, None, time.time())
     except run_lease.LeaseHeld as e:
         raise LaunchError(str(e)) from None
+    # The chief keeps the run's output beside its records: a crash's own traceback.
+    record = OutputRecord.start(lease.run_dir) if (
+        lease is not None and info.is_chief and options.output_log) else None
     try:
         status, info = run_generations(info, judge, one, claims, join_timeout)
         if lease is not None and info.is_chief:  # the WebUI tells a crashed run from an idle one
             rundir.record_exit(lease.run_dir, status, time.time())
     finally:
+        if record is not None:
+            record.stop()
         if lease is not None:
             lease.release(remove=info.is_chief)
     if status == EXIT_PREEMPTED and options.requeue and info.is_chief:

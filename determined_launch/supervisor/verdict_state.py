@@ -181,14 +181,18 @@ class VerdictState:
         already (its teardown outlasted the stop's start)."""
         blamer = next((c for c in self.candidates if not c.interrupt and f.what in c.blames),
                       None)
-        if self.stop_wall is not None and f.time >= self.stop_wall:
-            if blamer is None:
-                return
-            if f.status in _TEARDOWN_STATUSES:  # our stop ended its teardown: its own status
-                # is unknown, and ours is never the job's; the rank that noticed has one
-                f = dataclasses.replace(f, status=blamer.status, how=(
-                    f"failed ({blamer.what} lost its connection to it; our stop then ended "
-                    f"it, status {f.status})"))
+        ours = self.stop_wall is not None and f.time >= self.stop_wall
+        if ours and blamer is None:
+            return
+        # A stop (ours, or the framework launcher's: torchrun TERMs the other workers as soon
+        # as one exits) ended a teardown that was under way: the rank that noticed lost it
+        # before it died. Its own status is unknown and a stop's is never the job's; the
+        # noticing rank's is. (Killed *before* anyone lost it, by the OOM killer say, it
+        # keeps its own status: that death is the cause.)
+        if blamer is not None and f.status in _TEARDOWN_STATUSES and (ours or f.time > blamer.time):
+            f = dataclasses.replace(f, status=blamer.status, how=(
+                f"failed ({blamer.what} lost its connection to it; a stop then ended "
+                f"it, status {f.status})"))
         if self.decided_cause is not None or self.chief_cause is not None:
             return
         if self.result is not None and not self.result_from_cause:

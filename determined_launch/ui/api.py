@@ -339,7 +339,8 @@ class Api:
         """The end of the run's own output (its exception), the launcher's lines left out."""
         data, _ = files.tail_bytes(os.path.join(run_dir, "output.log"), self.roots, None,
                                    16 << 10)
-        return shape.redact_text(outcome.output_tail(data.decode("utf-8", errors="replace")))
+        return shape.redact_text(outcome.output_tail(
+            shape.as_shown(data.decode("utf-8", errors="replace"))))
 
 
 def _quietly(what: str, work: Callable[[], Any]) -> None:

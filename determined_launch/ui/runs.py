@@ -404,8 +404,8 @@ def _kept_lines(chunks: Sequence[bytes], rank: Optional[int], search: Optional[s
     """``_matching``'s lines as the page gets them: redacted, and a line whose
     match was in what the redaction masked left out (a search never tells a
     secret's presence); a search answers at most ``SEARCH_LINES`` lines."""
-    text = shape.redact_text(b"".join(_matching(c, rank, search) for c in chunks).decode(
-        "utf-8", errors="replace"))
+    text = shape.redact_text(shape.as_shown(b"".join(
+        _matching(c, rank, search) for c in chunks).decode("utf-8", errors="replace")))
     if search is None:
         return text
     needle = re.compile(re.escape(search), re.IGNORECASE)

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 # The one redaction rule (common/redact.py), as the UI's modules have always named it.
-from determined_launch.common.redact import REDACTED, redact, redact_text
+from determined_launch.common.redact import REDACTED, as_shown, redact, redact_text
 
-__all__ = ["REDACTED", "redact", "redact_text", "finite", "Extremes", "bucket_extremes"]
+__all__ = ["REDACTED", "as_shown", "redact", "redact_text", "finite", "Extremes", "bucket_extremes"]
 
 _LEAVES = frozenset({str, int, bool, type(None)})
 

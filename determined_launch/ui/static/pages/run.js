@@ -45,7 +45,7 @@ async function runPage(kind, name, tid) {
       : h("p", {class: "muted"}, "no preemptions or restarts"));
     fill(page.parts.tail, ...(r.output_tail ? [h("h2", {}, "Last lines of its output"),
       h("pre", {class: "logs tail"}, r.output_tail)] : r.state === "errored" || r.state === "failed"
-      ? [h("p", {class: "muted"}, "no output kept: a plain run's output goes to its launcher's terminal")]
+      ? [h("p", {class: "muted"}, "no output kept (its launcher ran with --no-output-log, or on another node)")]
       : []));
     fill(page.parts.slow, stragglerTable(r.stragglers));
     rankOptions(r.log_ranks || []);
