@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from determined_launch.cluster.detect import detect, detector_names
+from determined_launch.cluster.detect import detect
 from determined_launch.cluster.local_trial import OWNER, complete
 from determined_launch.core.storage import commit_check
 from determined_launch.errors import EXIT_USAGE, LaunchError, UsageParser
@@ -83,10 +83,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     p._optionals.title = "launcher options"
     p.add_argument("--version", action="version", version=f"det-launch {_version()}")
-    p.add_argument("--detector", help=f"use only this detector ({', '.join(detector_names())})")
-    p.add_argument(
-        "--disable-detector", action="append", default=[], metavar="NAME", help="skip a detector"
-    )
     config.add_flags(p)
     # listed in the description: argparse's own listing would only repeat it
     p.add_argument("command", choices=list(COMMANDS), help=argparse.SUPPRESS)
@@ -128,10 +124,7 @@ def first_mistake(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optio
 
 
 def _options(ns: argparse.Namespace) -> LauncherOptions:
-    resolved = config.resolve(os.environ, config.flag_values(ns))
-    return LauncherOptions.from_values(
-        resolved, detector=ns.detector, disabled_detectors=tuple(ns.disable_detector)
-    )
+    return LauncherOptions.from_values(config.resolve(os.environ, config.flag_values(ns)))
 
 
 def info_command(options: LauncherOptions) -> int:

@@ -63,6 +63,8 @@ PROGRESS_PERIOD = 1.0  # seconds: at most one rewrite of the line per rank
 # --- multi-node modes of the Horovod and DeepSpeed launchers -----------------
 SSH_MODE = "DET_LAUNCH_SSH"  # "1": multi-node jobs start over ssh (backends/ssh.py)
 SSH_PORT = "DTRAIN_SSH_PORT"  # the job's sshd port on every node (Determined's name)
+DETECTOR = "DET_LAUNCH_DETECTOR"  # use only this detector (cluster/detect.py); it must match
+DISABLE_DETECTORS = "DET_LAUNCH_DISABLE_DETECTORS"  # comma-separated detectors to skip
 CONNECT_TIMEOUT = "DET_LAUNCH_CONNECT_TIMEOUT"  # seconds nodes wait for each other
 # node-env.json of the node (nodeexec/gate.py loads it before a worker starts):
 SSHD_NODE_ENV = "DET_LAUNCH_SSHD_NODE_ENV"  # set by the job's sshd in its sessions

@@ -81,11 +81,16 @@ TRACKERS = ("mlflow", "wandb", "tensorboard")
 
 def trackers(raw: str) -> tuple[str, ...]:
     """``"mlflow,wandb"`` into tracker names, each once, in the given order."""
+    return names(raw.lower(), TRACKERS)
+
+
+def names(raw: str, choices: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated list of ``choices``, each once, in the given order."""
     out: list[str] = []
     for item in raw.split(","):
-        name = item.strip().lower()
+        name = item.strip()
         if name and name not in out:
-            out.append(choice(name, TRACKERS))
+            out.append(choice(name, choices))
     return tuple(out)
 
 

@@ -46,7 +46,9 @@ def test_usage_errors_exit_2_with_one_line() -> None:
         (("--slots", "0", "torch", "x.py"), "--slots: expected an integer from 1 to 4096"),
         (("--preempt-signals", "NOPE", "torch", "x.py"), "unknown signal 'NOPE'"),
         (("torch",), "no command to run"),
-        (("--detector", "nosuch", "info"), "unknown detector 'nosuch'"),
+        (("--detector", "nosuch", "info"), "--detector: expected one of file, determined"),
+        (("--disable-detector", "local", "--disable-detector", "nosuch", "info"),
+         "--disable-detector: expected one of file, determined"),
     ]:
         r = run(*args)
         assert r.returncode == 2, (args, r.stderr)

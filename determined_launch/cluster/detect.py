@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
+from determined_launch import envvars
 from determined_launch.cluster.base import Detector, NoMatch
 from determined_launch.cluster.determined import DeterminedInfoDir
 from determined_launch.cluster.file import ClusterInfoFile
@@ -32,10 +33,10 @@ from determined_launch.cluster.slurm import Slurm
 from determined_launch.cluster.torchrun_env import TorchrunEnv
 from determined_launch.errors import ClusterInfoError
 
-#: Use only this detector (by name); it must match.
-FORCE_ENV = "DET_LAUNCH_DETECTOR"
-#: Comma-separated detector names to skip.
-DISABLE_ENV = "DET_LAUNCH_DISABLE_DETECTORS"
+#: Use only this detector (by name); it must match. Comma-separated detector names to skip.
+#: (Declared with every other launcher option in launch/config.py; read here for callers
+#: that pass no flags.)
+FORCE_ENV, DISABLE_ENV = envvars.DETECTOR, envvars.DISABLE_DETECTORS
 
 # Scheduler order: the innermost launcher wins. A torchrun worker inside an
 # srun step is a torchrun worker; mpirun inside a SLURM, PBS or LSF job sets

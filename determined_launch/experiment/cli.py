@@ -51,8 +51,6 @@ def parser() -> argparse.ArgumentParser:
                       "       det-launch experiment --status DIR|NAME|ID",
                 description="Determined's hyperparameter search (hyperparameters + searcher "
                             "blocks) on Optuna; each trial is a launcher job.")
-    p.add_argument("--detector", help="use only this detector")
-    p.add_argument("--disable-detector", action="append", default=[], metavar="NAME")
     config.add_flags(p)
     config.add_flags(p, OPTIONS)
     p.add_argument("--status", metavar="DIR|NAME|ID", help="print the table and best trial "

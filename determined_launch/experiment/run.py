@@ -128,8 +128,7 @@ def run_experiment(ns: argparse.Namespace, opts: dict[str, Any], command: Sequen
     else:
         raise LaunchError(f"{conf.path}: no command after the config and no entrypoint in it")
     resolved = config.resolve(os.environ, config.flag_values(ns))
-    options = LauncherOptions.from_values(resolved, detector=ns.detector,
-                                          disabled_detectors=tuple(ns.disable_detector))
+    options = LauncherOptions.from_values(resolved)
     gang, node_slots = _cluster(options, conf)
     if gang is None:
         print("det-launch experiment: this node is left over (the allocation's nodes are not a "

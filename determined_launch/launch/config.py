@@ -20,8 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from determined_launch import envvars, values
+from determined_launch.cluster.detect import detector_names
 from determined_launch.errors import LaunchError
 from determined_launch.supervisor.config import DEFAULT_PREEMPT_SIGNALS
+
+DETECTORS = tuple(detector_names())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +38,19 @@ class Option:
     metavar: Optional[str] = None
     #: a flag without a value (``--dry-run``); its variable takes a boolean
     switch: bool = False
+    #: a flag that may repeat (``--disable-detector a --disable-detector b``): its values
+    #: join with commas, as its variable lists them
+    repeat: bool = False
 
 
 OPTIONS: tuple[Option, ...] = (
+    Option("detector", envvars.DETECTOR, "--detector",
+           functools.partial(values.choice, choices=DETECTORS), None,
+           f"use only this detector; it must match ({', '.join(DETECTORS)})", metavar="NAME"),
+    Option("disabled_detectors", envvars.DISABLE_DETECTORS, "--disable-detector",
+           functools.partial(values.names, choices=DETECTORS), (),
+           "skip these detectors (comma-separated; the flag may repeat)", metavar="NAME",
+           repeat=True),
     Option("slots", "DET_LAUNCH_SLOTS", "--slots",
            functools.partial(values.integer, minimum=1, maximum=values.MAX_SLOTS_PER_NODE),
            None, "worker slots on this node (local detector, and SLURM/PBS/LSF/K8s overrides)",
@@ -139,6 +152,8 @@ def resolve(
         if raw_env is not None and raw_env.strip():
             value = _parse(option, raw_env, f"environment variable {option.env}")
         given = flags.get(option.name)
+        if option.repeat and isinstance(given, list):
+            given = ",".join(given) or None
         if given is not None and given is not False:
             value = True if option.switch else _parse(option, given, option.flag or option.name)
         out[option.name] = value
@@ -155,6 +170,9 @@ def add_flags(parser: argparse.ArgumentParser, options: Sequence[Option] = OPTIO
         dest = option.name
         if option.switch:
             parser.add_argument(option.flag, dest=dest, action="store_true", help=help_text)
+        elif option.repeat:
+            parser.add_argument(option.flag, dest=dest, action="append", metavar=option.metavar,
+                                help=help_text)
         else:
             parser.add_argument(option.flag, dest=dest, metavar=option.metavar, help=help_text)
 

@@ -119,6 +119,8 @@ class LauncherOptions:
                 verbose=v["verbose"],
                 hang_timeout=v["hang_timeout"],
             ),
+            detector=v["detector"],
+            disabled_detectors=v["disabled_detectors"],
             dry_run=v["dry_run"],
             requeue=v["requeue"],
             slots=v["slots"],
