@@ -133,3 +133,33 @@ def test_server_gone_and_bad_credentials_are_one_line(
     assert time.monotonic() - start < 30 and "\n" not in str(e.value)
     with pytest.raises(Exception, match="checkpoint_storage.bucket 'no-such' does not exist"):
         open_storage(parse_storage(s3_server.block("no-such"), where="t"), probe=True)
+
+
+def test_a_directory_checkpoint_is_on_disk_before_it_is_committed(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine that loses power after the commit's rename must not come back with a
+    committed checkpoint whose files the page cache never wrote: every file and the
+    directories naming them are fsynced while metadata.json does not exist yet."""
+    root = tmp_path / "ckpts"
+    backend = open_storage(parse_storage(str(root), where="test"))
+    ctx = CheckpointContext(_single_process(), backend, RunDir(tmp_path / "run", trial_id=None))
+    synced: list[tuple[str, bool]] = []  # (what, whether any metadata.json existed then)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"),
+                       any(root.glob(f"*/{METADATA_FILE}"))))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with ctx.store_path({"steps_completed": 1}) as (path, sid):
+        (path / "sub").mkdir()
+        (path / "model.bin").write_bytes(b"w" * 1000)
+        (path / "sub" / "opt.bin").write_bytes(b"o" * 1000)
+    def inside(what: str) -> str:  # .partial-<id>/sub/opt.bin -> sub/opt.bin
+        return "/".join(pathlib.Path(what).relative_to(root).parts[1:]) or "."
+
+    before = {inside(w) for w, committed in synced if not committed and w.startswith(f"{root}/")}
+    assert {"model.bin", "sub/opt.bin", "sub"} <= before, synced
+    assert (root / sid / "sub" / "opt.bin").read_bytes() == b"o" * 1000
