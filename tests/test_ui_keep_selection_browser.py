@@ -57,12 +57,19 @@ def _select(locator: Any, text: str) -> None:
     assert got == text
 
 
-def test_the_experiment_page_keeps_selection_scroll_and_zoom(
-        ui: tuple[Served, Any, pathlib.Path]) -> None:
+def _report(exp: pathlib.Path, step: int, loss: float) -> None:
+    """Trial 4 (running) reports its searcher metric into the study."""
     import optuna
 
     from determined_launch.experiment import searchers as se
 
+    storage = se.open_storage(None, str(exp / "study.journal"))
+    trial = optuna.load_study(study_name=NAME, storage=storage).trials[3]
+    storage.set_trial_intermediate_value(trial._trial_id, step, loss)
+
+
+def test_the_experiment_page_keeps_selection_scroll_and_zoom(
+        ui: tuple[Served, Any, pathlib.Path]) -> None:
     served, page, exp = ui
     page.goto(f"{served.url}experiments/{NAME}")
     row = page.locator("main table.data-table tbody tr",
@@ -76,10 +83,7 @@ def test_the_experiment_page_keeps_selection_scroll_and_zoom(
     card.evaluate("el => { el.scrollLeft = 40; }")
     page.evaluate("window.scrollTo(0, 150)")
     _select(row.locator("td", has_text=re.compile(r"^0\.02$")), "0.02")
-    # the running trial reports: the page draws the new value, then polls again
-    storage = se.open_storage(None, str(exp / "study.journal"))
-    trial = optuna.load_study(study_name=NAME, storage=storage).trials[3]
-    storage.set_trial_intermediate_value(trial._trial_id, 30, 1.25)
+    _report(exp, 30, 1.25)  # the running trial reports: the page draws it, then polls again
     expect(row).to_contain_text("1.25")
     page.wait_for_timeout(TICK_MS)
     assert page.evaluate(SELECTED) == ["0.02", True]
@@ -88,6 +92,26 @@ def test_the_experiment_page_keeps_selection_scroll_and_zoom(
     # the chart is the same node and uPlot, has the new point, and keeps the user's zoom
     assert chart.evaluate("el => [el.mark, el.uplot.data[0].includes(30), "
                           "el.uplot.scales.x.min, el.uplot.scales.x.max]") == [1, True, 30, 80]
+
+
+def test_a_brush_dragged_while_the_page_redraws(ui: tuple[Served, Any, pathlib.Path]) -> None:
+    served, page, exp = ui
+    page.goto(f"{served.url}experiments/{NAME}")
+    links = page.locator(f"main td a[href*='/experiments/{NAME}/trials/']")
+    expect(links).to_have_count(4)
+    grip = page.locator("rect.axis-grip[data-axis=loss]")
+    grip.scroll_into_view_if_needed()
+    box = grip.bounding_box()
+    x = box["x"] + box["width"] / 2
+    page.mouse.move(x, box["y"] + box["height"] - 2)  # the metric axis' low end ...
+    page.mouse.down()
+    page.mouse.move(x, box["y"] + box["height"] * 0.7, steps=4)
+    _report(exp, 40, 1.1)  # ... while trial 4 reports and the page redraws
+    expect(page.locator("main table.data-table")).to_contain_text("1.1")
+    page.wait_for_timeout(TICK_MS)
+    assert page.locator("svg rect.brush").count() == 1  # the band being dragged
+    page.mouse.up()  # losses 0.5 (trial 1), 1.1 (4), 3.0 (2): the low third keeps 1 and 4
+    expect(links).to_have_text(["1", "4"])
 
 
 def test_the_trial_page_keeps_selection_and_log_scroll(

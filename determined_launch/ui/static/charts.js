@@ -192,7 +192,8 @@ function parallel(trials, metric, smaller, bestId, key, cats) {
     // the brush's grip: a band along the axis that takes the pointer
     svg.append(h("rect", {class: "axis-grip", "data-axis": a, x: x(i) - 12, width: 24, y: T - 8,
       height: H - T - B + 16, fill: "transparent", style: "cursor: ns-resize",
-      onmousedown: (ev) => startBrush(ev, svg, key, a, unit, x(i))}));
+      // the page's svg: a redraw patches the first one drawn, not this render's
+      onmousedown: (ev) => startBrush(ev, ev.currentTarget.ownerSVGElement, key, a, unit, x(i))}));
   });
   return h("div", {class: "chart parallel"}, svg);
 }
@@ -205,10 +206,12 @@ function startBrush(ev, svg, key, axis, unit, ax) {
   const band = h("rect", {class: "brush", x: ax - 8, width: 16, y: y0, height: 0,
     fill: "#2463eb", "fill-opacity": 0.18, stroke: "#2463eb"});
   svg.append(band);
+  svg.dataset.busy = ""; // the page's redraws leave it alone until the button is up (core.js)
   const move = (e) => { const y1 = toSvg(e);
     band.setAttribute("y", Math.min(y0, y1)); band.setAttribute("height", Math.abs(y1 - y0)); };
   const up = (e) => {
     window.removeEventListener("mousemove", move); window.removeEventListener("mouseup", up);
+    delete svg.dataset.busy;
     const y1 = toSvg(e), br = chartBrushes.get(key);
     if (Math.abs(y1 - y0) < 3) delete br[axis]; // a click clears this axis
     else br[axis] = [unit(Math.max(y0, y1)), unit(Math.min(y0, y1))];
