@@ -1,6 +1,7 @@
 """Chaos check of ``--min-nodes`` (issue 27 §2): random SIGKILLs of random nodes.
 
     python benchmarks/chaos_node_loss.py [--kills 20] [--runs 1] [--min-nodes 1] [--seed 0]
+                                         [--fast|--suite] [--bucket s3|azure]
 
 Three simulated nodes on loopback, each ``det-launch --max-restarts 50
 --min-nodes K exec`` running ``tests/workers/elastic_worker.py`` (a Core API
@@ -19,24 +20,39 @@ steps of 0.1 s: minutes a run), ``--fast`` (0.2-1 s, 0.2-0.8 s, 80 steps of
 the pace of tests/test_chaos_node_loss.py). ``CHAOS_KEEP=DIR`` keeps a bad
 run's logs. Results: BENCHMARKS.md ("Chaos"). Run it after changing the
 launcher's generations, claims or handoff.
+
+``--bucket s3`` / ``--bucket azure`` (issue 35 §2): nothing shared but a
+bucket. Every node has its own run directory; the checkpoints, and with them
+the claims and presence, are in a fresh bucket of moto's S3 server (in this
+process) or a fresh container of azurite (npm), on loopback.
+
+*Recovery*: from a kill to the next ``start=`` line of any node (a new
+generation's worker connected and restored its checkpoint), for the kills
+whose recovery came before the next kill (the others are counted apart).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import logging
 import os
+import pathlib
 import random
 import re
 import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from typing import Any, Optional
 
 import psutil
 
@@ -96,22 +112,73 @@ FAST = Pace(kill_gap=(0.2, 1.0), back_after=(0.2, 0.8), steps=80, step_sleep=0.0
 SUITE = Pace(kill_gap=(0.1, 0.5), back_after=(0.1, 0.4), steps=60, step_sleep=0.04)
 
 
-def start(run: str, rank: int, port: int, mark: str, k: int, pace: Pace) -> subprocess.Popen[str]:
-    info = os.path.join(run, f"node{rank}.json")
-    with open(info, "w") as f:
-        f.write('{"container_addrs": ["127.0.0.1", "127.0.0.1", "127.0.0.1"], '
-                f'"container_rank": {rank}, "container_slot_counts": [1, 1, 1]}}')
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", DET_CLUSTER_INFO_FILE=info,
-               C10D_PORT=str(port), DET_DIST_SECRET="c" * 32, DET_KILL_AFTER="3",
-               DET_RUN_DIR=os.path.join(run, "run"), DET_LAUNCH_CONNECT_TIMEOUT="15",
-               NODE_ID=str(rank), STEPS=str(pace.steps), CKPT_EVERY=str(CKPT_EVERY),
-               STEP_SLEEP=str(pace.step_sleep),
-               **{MARK: mark})
-    argv = [sys.executable, "-m", "determined_launch.cli", "--max-restarts", "50",
-            "--min-nodes", str(k), "exec", "--", sys.executable,
-            os.path.join(WORKERS, "elastic_worker.py")]
-    out = open(os.path.join(run, f"node{rank}.{uuid.uuid4().hex[:6]}.log"), "w")
-    return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+class Buckets:
+    """``--bucket``'s storage server on loopback (tests/storage_servers.py's):
+    a fresh bucket (S3) or container (Azure) per run, as a storage block."""
+
+    def __init__(self, kind: str, work: str) -> None:
+        sys.path.insert(0, REPO)
+        from tests.storage_servers import Azurite, S3Server
+
+        if kind == "azure" and shutil.which("azurite-blob") is None:
+            raise SystemExit("--bucket azure: azurite-blob is not installed "
+                             "(bash scripts/install_storage.sh)")
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server: no line a request
+        self.server = S3Server() if kind == "s3" else Azurite(pathlib.Path(work) / "azurite")
+
+    def block(self) -> dict[str, Any]:
+        from tests.storage_servers import S3Server
+
+        if isinstance(self.server, S3Server):
+            return self.server.block(self.server.new_bucket())
+        return {"type": "azure", "container": self.server.new_container(), "prefix": "exp",
+                "connection_string": self.server.connection_string}
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+@dataclasses.dataclass
+class Node:
+    """One launcher; its output goes to ``log``, each line stamped with the
+    harness's monotonic clock (for the recovery times)."""
+
+    proc: subprocess.Popen[str]
+    log: str
+    copier: threading.Thread
+
+    @classmethod
+    def start(cls, run: str, rank: int, port: int, mark: str, k: int, pace: Pace,
+              storage: Optional[str] = None) -> Node:
+        info = os.path.join(run, f"node{rank}.json")
+        with open(info, "w") as f:
+            f.write('{"container_addrs": ["127.0.0.1", "127.0.0.1", "127.0.0.1"], '
+                    f'"container_rank": {rank}, "container_slot_counts": [1, 1, 1]}}')
+        # with a bucket, every node its own run directory: nothing shared but the bucket
+        where = {"DET_RUN_DIR": os.path.join(run, "run" if storage is None else f"run{rank}"),
+                 **({} if storage is None else {"DET_CHECKPOINT_STORAGE": storage})}
+        env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", DET_CLUSTER_INFO_FILE=info,
+                   C10D_PORT=str(port), DET_DIST_SECRET="c" * 32, DET_KILL_AFTER="3",
+                   DET_LAUNCH_CONNECT_TIMEOUT="15", NODE_ID=str(rank), STEPS=str(pace.steps),
+                   CKPT_EVERY=str(CKPT_EVERY), STEP_SLEEP=str(pace.step_sleep),
+                   **where, **{MARK: mark})
+        argv = [sys.executable, "-m", "determined_launch.cli", "--max-restarts", "50",
+                "--min-nodes", str(k), "exec", "--", sys.executable,
+                os.path.join(WORKERS, "elastic_worker.py")]
+        log = os.path.join(run, f"node{rank}.{uuid.uuid4().hex[:6]}.log")
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        copier = threading.Thread(target=_stamp, args=(proc, log), daemon=True)
+        copier.start()
+        return cls(proc, log, copier)
+
+
+def _stamp(proc: subprocess.Popen[str], log: str) -> None:
+    assert proc.stdout is not None
+    with open(log, "w") as out:
+        for line in proc.stdout:
+            out.write(f"{time.monotonic():.3f} {line}")
+            out.flush()
 
 
 def leftovers(mark: str) -> list[psutil.Process]:
@@ -125,30 +192,69 @@ def leftovers(mark: str) -> list[psutil.Process]:
     return left
 
 
-def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace()) -> str:
+@dataclasses.dataclass
+class Result:
+    """A run's verdict (``exact ...``, ``clean failure ...``, ``LEFTOVER ...``,
+    ``WRONG ...``) and its recovery times (seconds; ``censored``: kills whose
+    recovery the next kill cut short)."""
+
+    verdict: str
+    recoveries: list[float]
+    censored: int
+
+    @property
+    def good(self) -> bool:
+        return self.verdict.startswith(("exact", "clean"))
+
+
+def recoveries(kills: list[float], logs: str) -> tuple[list[float], int]:
+    """For each kill, the seconds to the next ``start=`` line (a worker of a
+    new generation connected and restored), if it came before the next kill."""
+    starts = sorted(float(t) for t in re.findall(r"^(\d+\.\d+) .*node=\d+ rank=\d+ size=\d+ start=",
+                                                 logs, re.MULTILINE))
+    got, censored = [], 0
+    for i, kill in enumerate(kills):
+        after = [t for t in starts if t > kill]
+        until = kills[i + 1] if i + 1 < len(kills) else float("inf")
+        if after and after[0] < until:
+            got.append(after[0] - kill)
+        else:
+            censored += 1
+    return got, censored
+
+
+def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace(),
+            storage: Optional[dict[str, Any]] = None) -> Result:
+    """One chaos run; ``storage``: a checkpoint storage block (a bucket), and
+    then every node has its own run directory."""
     run = tempfile.mkdtemp(prefix="chaos-", dir=work)
+    block = None
+    if storage is not None:
+        block = os.path.join(run, "storage.yaml")  # the environment names a block by its file
+        with open(block, "w") as f:
+            json.dump(storage, f)  # (JSON is YAML)
     port, mark = free_base(), uuid.uuid4().hex
-    procs = {r: start(run, r, port, mark, k, pace) for r in range(3)}
+    nodes = {r: Node.start(run, r, port, mark, k, pace, block) for r in range(3)}
     time.sleep(3.0)
-    done = 0
-    while done < kills and any(p.poll() is None for p in procs.values()):
+    killed: list[float] = []
+    while len(killed) < kills and any(n.proc.poll() is None for n in nodes.values()):
         time.sleep(rng.uniform(*pace.kill_gap))
-        alive = [r for r, p in procs.items() if p.poll() is None]
+        alive = [r for r, n in nodes.items() if n.proc.poll() is None]
         if not alive:
             break
         victim = rng.choice(alive)
-        procs[victim].send_signal(signal.SIGKILL)
-        procs[victim].wait()
-        done += 1
+        nodes[victim].proc.send_signal(signal.SIGKILL)
+        killed.append(time.monotonic())
+        nodes[victim].proc.wait()
         time.sleep(rng.uniform(*pace.back_after))  # the others notice, then it comes back
-        if any(p.poll() is None for r, p in procs.items() if r != victim):
-            procs[victim] = start(run, victim, port, mark, k, pace)
+        if any(n.proc.poll() is None for r, n in nodes.items() if r != victim):
+            nodes[victim] = Node.start(run, victim, port, mark, k, pace, block)
     deadline = time.monotonic() + 180
-    for p in procs.values():
+    for n in nodes.values():
         try:
-            p.wait(max(1.0, deadline - time.monotonic()))
+            n.proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            n.proc.kill()
     time.sleep(2.0)
     left = leftovers(mark)
     for p in left:
@@ -158,6 +264,8 @@ def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace
         if name.endswith(".log"):
             with open(os.path.join(run, name)) as f:
                 logs += f"--- {name}\n{f.read()}"
+    done = len(killed)
+    times, censored = recoveries(killed, logs)
     finals = [float(x) for x in re.findall(r"final w=(\S+)", logs)]
     below = re.findall(r"fewer than --min-nodes \d+", logs)
     want = reference(pace.steps)
@@ -167,12 +275,14 @@ def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace
     else:
         print(f"kept {run}", flush=True)
     if left:
-        return f"LEFTOVER processes: {[p.pid for p in left]}"
-    if exact:
-        return f"exact ({done} kills, {len(finals)} final line)"
-    if not finals and below:
-        return f"clean failure below K ({done} kills): {below[0]}"
-    return f"WRONG ({done} kills): finals {finals}, reference {want!r}\n{logs[-4000:]}"
+        verdict = f"LEFTOVER processes: {[p.pid for p in left]}"
+    elif exact:
+        verdict = f"exact ({done} kills, {len(finals)} final line)"
+    elif not finals and below:
+        verdict = f"clean failure below K ({done} kills): {below[0]}"
+    else:
+        verdict = f"WRONG ({done} kills): finals {finals}, reference {want!r}\n{logs[-4000:]}"
+    return Result(verdict, times, censored)
 
 
 def children_cpu() -> float:
@@ -192,23 +302,39 @@ def main() -> int:
                    help="kills 0.2-1 s apart, nodes back after 0.2-0.8 s, 80 steps of 0.05 s")
     p.add_argument("--suite", action="store_true",
                    help="the test suite's pace: 0.1-0.5 s, 0.1-0.4 s, 60 steps of 0.04 s")
+    p.add_argument("--bucket", choices=("s3", "azure"),
+                   help="every node its own run directory; checkpoints and claims in a bucket of "
+                        "moto's S3 server or azurite, on loopback")
     args = p.parse_args()
     pace = FAST if args.fast else SUITE if args.suite else Pace()
-    rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="chaos-node-loss-", dir=os.environ.get("CHAOS_KEEP"))
-    bad = 0
+    buckets = Buckets(args.bucket, work) if args.bucket else None
+    bad, times, censored = 0, [], 0
     try:
         for i in range(args.runs):
             began, cpu = time.monotonic(), children_cpu()
-            verdict = one_run(args.kills, args.min_nodes, rng, work, pace)
-            bad += not verdict.startswith(("exact", "clean"))
-            print(f"run {i}: {verdict} [{time.monotonic() - began:.1f} s wall, "
-                  f"{children_cpu() - cpu:.1f} s CPU]", flush=True)
+            seed = args.seed + i  # run i again: --runs 1 --seed <seed>
+            result = one_run(args.kills, args.min_nodes, random.Random(seed), work, pace,
+                             buckets.block() if buckets else None)
+            bad += not result.good
+            times += result.recoveries
+            censored += result.censored
+            rec = (f"recovery median {statistics.median(result.recoveries):.2f} s, max "
+                   f"{max(result.recoveries):.2f} s over {len(result.recoveries)} kills; "
+                   if result.recoveries else "")
+            print(f"run {i} (seed {seed}): {result.verdict} [{rec}{time.monotonic() - began:.1f} s "
+                  f"wall, {children_cpu() - cpu:.1f} s CPU, load {os.getloadavg()[0]:.1f}]",
+                  flush=True)
     finally:
+        if buckets:
+            buckets.stop()
         if not os.environ.get("CHAOS_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
+    if times:
+        print(f"{args.runs - bad} of {args.runs} runs good; recovery over {len(times)} kills "
+              f"(+{censored} cut short by the next kill): median {statistics.median(times):.2f} s, "
+              f"max {max(times):.2f} s", flush=True)
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

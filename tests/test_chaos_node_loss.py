@@ -28,5 +28,5 @@ sys.path.remove(str(REPO / "benchmarks"))
 @pytest.mark.slow
 def test_twenty_random_node_kills_end_with_the_exact_weight(tmp_path: Path) -> None:
     seed = random.SystemRandom().randrange(2**32)
-    verdict = chaos.one_run(20, 1, random.Random(seed), str(tmp_path), chaos.SUITE)
-    assert verdict.startswith("exact"), f"seed {seed} (--suite --seed {seed}): {verdict}"
+    result = chaos.one_run(20, 1, random.Random(seed), str(tmp_path), chaos.SUITE)
+    assert result.verdict.startswith("exact"), f"seed {seed} (--suite --seed {seed}): {result}"
