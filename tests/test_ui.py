@@ -174,7 +174,7 @@ def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
     assert steps == list(range(10, 101, 10))
     [ck] = api.runs_reader.checkpoints(run_dir, api.experiment_storage(NAME))
     assert ck["state"] == "COMPLETED" and ck["steps_completed"] == 100 and ck["size"] > 1000
-    text, _ = api.runs_reader.logs(run_dir, 1, None)
+    text, _ = api.runs_reader.output.logs(run_dir, 1, None)
     assert text == "[rank=1] rank one line\n"
     assert api.trial(NAME, 99) is None and api.trials("nope") is None
     [run] = api.runs()
@@ -194,7 +194,7 @@ def test_a_trials_exit_status_is_the_launchers_last_summary_line(tmp_path: pathl
         "stopped by the searcher (ASHA) at length 25")
     assert two["launcher_events"][-1].startswith("det-launch: job preempted")  # the raw lines
     assert four["state"] == "running" and four["exit_status"] is None  # an earlier attempt's
-    assert api.runs_reader.outcome(["det-launch: job failed: rank 1 exited with status 2 "
+    assert api.runs_reader.output.outcome(["det-launch: job failed: rank 1 exited with status 2 "
                                     "first; exit status 2"])["exit_status"] == 2
 
 

@@ -160,11 +160,11 @@ def test_the_outcome_is_read_from_the_end_of_a_long_log_once(tmp_path: pathlib.P
             f.write(filler)
         f.write(b"det-launch: job succeeded on 1 node (exit status 0)\n")
     reader = RunReader([str(tmp_path)])
-    assert reader.outcome(reader.launcher_events(str(tmp_path)))["exit_status"] == 0
+    assert reader.output.outcome(reader.output.launcher_events(str(tmp_path)))["exit_status"] == 0
     with open(log, "ab") as f:
         f.write(b"det-launch: job failed on 1 node (exit status 4)\n")
     started = time.process_time()
-    assert reader.outcome(reader.launcher_events(str(tmp_path)))["exit_status"] == 4
+    assert reader.output.outcome(reader.output.launcher_events(str(tmp_path)))["exit_status"] == 4
     assert time.process_time() - started < 0.05  # the appended line, not 70 MiB again
 
 

@@ -10,8 +10,8 @@ import pytest
 from determined_launch import rundir
 from determined_launch.supervisor.stragglers import Change
 from determined_launch.supervisor.watchdog import record_straggler
-from determined_launch.ui import runs
-from determined_launch.ui.runs import RunReader
+from determined_launch.ui import run_logs
+from determined_launch.ui.run_logs import RunLogs
 from tests._ui_helpers import SECRET, Served
 
 
@@ -29,7 +29,7 @@ def test_log_search_is_the_servers(tmp_path: pathlib.Path) -> None:
             + f"[rank=0] db password={SECRET} error here\n"
             + "[rank=0] ERROR: late\n[rank=1] an error of rank 1\n")
     run = _run(tmp_path, text)
-    assert len(text) > runs.LOG_LIMIT
+    assert len(text) > run_logs.LOG_LIMIT
     s = Served(str(tmp_path / "det_runs"), cwd=tmp_path)
     try:
         status, headers, body = s.get("/api/v1/runs/local/logs?q=eRRor")
@@ -55,11 +55,11 @@ def test_log_search_is_the_servers(tmp_path: pathlib.Path) -> None:
 
 
 def test_log_search_is_bounded(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runs, "SEARCH_BYTES", 64 << 10)
-    monkeypatch.setattr(runs, "SEARCH_LINES", 100)
+    monkeypatch.setattr(run_logs, "SEARCH_BYTES", 64 << 10)
+    monkeypatch.setattr(run_logs, "SEARCH_LINES", 100)
     run = _run(tmp_path, "hit: too old to be searched\n"
                + "".join(f"line {i} hit\n" for i in range(20_000)))
-    reader = RunReader([str(tmp_path)])
+    reader = RunLogs([str(tmp_path)])
     text, end = reader.logs(str(run), None, None, limit=4096, search="HIT")
     lines = text.splitlines()
     assert lines == [f"line {i} hit" for i in range(19_900, 20_000)]  # the newest, at most 100

@@ -246,10 +246,11 @@ class Api:
         reason = reason if isinstance(reason, str) else None
         out.update(outcome.trial_ended(out["state"], out.get("length"), reason,
                                        out.get("exit_status"), out.get("outcome")))
+        logged = self.runs_reader.output.modified(run_dir)
         out["history"] = outcome.history(out["launcher_events"], out["_times"], out["state"],
-                                         reason, out.get("length"), self._log_time(run_dir))
+                                         reason, out.get("length"), logged)
         if out["state"] == "failed":
-            out["output_tail"] = self._output_tail(run_dir)
+            out["output_tail"] = self.runs_reader.output.tail(run_dir)
 
     def experiment_storage(self, name: str) -> Storages:
         exp_dir = self.catalog.experiments().get(name)
@@ -309,7 +310,7 @@ class Api:
             out["history"] = outcome.history(out["launcher_events"], out["_times"],
                                              out["state"], None, None, ended["time"])
             if out["state"] == "errored":
-                out["output_tail"] = self._output_tail(path)
+                out["output_tail"] = self.runs_reader.output.tail(path)
         del out["_times"]
         return shape.finite(out)
 
@@ -320,27 +321,14 @@ class Api:
 
     def _run_details(self, run_dir: str) -> dict[str, Any]:
         r = self.runs_reader
-        events, times = r.launcher_timed(run_dir)
-        return {**r.status(run_dir), **r.outcome(events), "groups": r.groups(run_dir),
-                "launcher_events": events, "_times": times, "log_ranks": r.log_ranks(run_dir),
+        events, times = r.output.launcher_timed(run_dir)
+        return {**r.status(run_dir), **r.output.outcome(events), "groups": r.groups(run_dir),
+                "launcher_events": events, "_times": times,
+                "log_ranks": r.output.log_ranks(run_dir),
                 "stragglers": r.stragglers(run_dir),
                 "history": outcome.history(events, times, "running", None, None, None),
                 "ended": None, "output_tail": None,
                 "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
-
-    def _log_time(self, run_dir: str) -> Optional[float]:
-        real = files.confined(os.path.join(run_dir, "output.log"), self.roots)
-        try:
-            return os.stat(real).st_mtime if real else None
-        except OSError:
-            return None
-
-    def _output_tail(self, run_dir: str) -> str:
-        """The end of the run's own output (its exception), the launcher's lines left out."""
-        data, _ = files.tail_bytes(os.path.join(run_dir, "output.log"), self.roots, None,
-                                   16 << 10)
-        return shape.redact_text(outcome.output_tail(
-            shape.as_shown(data.decode("utf-8", errors="replace"))))
 
 
 def _quietly(what: str, work: Callable[[], Any]) -> None:

@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 
 from determined_launch.ui import metric_series
 from determined_launch.ui.api import Api
-from determined_launch.ui.runs import GROUP, SEARCH_CHARS, Storages
+from determined_launch.ui.run_logs import SEARCH_CHARS
+from determined_launch.ui.runs import GROUP, Storages
 from determined_launch.ui.system import system as samples
 
 #: the writes --actions allows: POST /api/v1/experiments/{name}/{action}
@@ -174,7 +175,7 @@ def logs(where: Callable[[Request], tuple[str, Storages]]) -> Handler:
         rank = int_arg(r.query, "rank", 0, 1 << 20)
         offset = int_arg(r.query, "offset", 0, 1 << 62)
         search = r.query.get("q", [""])[0][:SEARCH_CHARS] or None
-        text, end = r.api.runs_reader.logs(run_dir, rank, offset, search=search)
+        text, end = r.api.runs_reader.output.logs(run_dir, rank, offset, search=search)
         return text.encode(), "text/plain", {"X-Log-Offset": str(end)}
     return handler
 

@@ -1,4 +1,4 @@
-"""What one run directory says: metrics, checkpoints, logs, status.
+"""What one run directory says: metrics, checkpoints, status (its log: run_logs.py).
 
 A trial of an experiment is a run directory too (``<exp>/trials/<id>``), so
 these functions serve both ``/api/v1/runs/...`` and the trials' endpoints.
@@ -12,31 +12,20 @@ import os
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol, Union
 
 from determined_launch.supervisor import stragglers
 from determined_launch.ui import files, shape
 from determined_launch.ui.cache import ByteLru
-from determined_launch.ui.logscan import LauncherLines
+from determined_launch.ui.run_logs import RunLogs
 
 #: streams that are not metric reports (core/_rundir.py and its writers)
 NOT_METRICS = frozenset({"checkpoints", "progress", "searcher", "profiler", "task_sources",
                          "stragglers"})
 GROUP = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$")
-LOG_LIMIT = 1 << 20
-#: a log search (``logs?q=``) reads at most the log's last SEARCH_BYTES and
-#: answers at most SEARCH_LINES lines (the newest)
-SEARCH_BYTES = 64 << 20
-SEARCH_LINES = 2000
-#: longest search text
-SEARCH_CHARS = 200
 #: unread bytes above which a chart gets a preview while the stream is read (~80,000 rows)
 PREVIEW_BYTES = 8 << 20
-RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
-#: the launcher's summary line as its last word on a job (supervisor/verdict.py's summary)
-SUMMARY = re.compile(r"^det-launch[^:]*: (job .*\bexit status (\d+)\)?)$")
 #: rows of one answer for every row (``metrics`` without ``max_points``); the next
 #: page's ``since`` is in ``X-Metrics-Next``
 ROWS_PAGE = 50_000
@@ -83,7 +72,8 @@ class RunReader:
         self.roots = roots
         self.streams = files.Streams()
         self._sizes: dict[str, Optional[int]] = {}  # committed checkpoints never change
-        self._events = LauncherLines(roots)
+        #: the runs' output.log (run_logs.py)
+        self.output = RunLogs(roots)
         self._lock = threading.Lock()
         self._downsampled: ByteLru[_Downsampled] = ByteLru(CHART_CACHE_BYTES)
         self._reading: set[tuple[str, str]] = set()  # streams read by a background thread
@@ -288,66 +278,9 @@ class RunReader:
                     "metadata": shape.redact(meta)}
         return {"size": None, "storage": None, "found": False, "metadata": None}
 
-    def logs(self, run_dir: str, rank: Optional[int], offset: Optional[int],
-             limit: int = LOG_LIMIT, search: Optional[str] = None) -> tuple[str, int]:
-        """The run's output (``output.log``) from ``offset`` (default: its
-        last ``limit`` bytes); with ``rank``, only that rank's lines; with
-        ``search``, only the lines that contain it (ASCII letters in either
-        case), and without ``offset`` the log's last ``SEARCH_BYTES`` are
-        searched, a ``limit`` at a time (the newest ``SEARCH_LINES`` found
-        come back)."""
-        path = os.path.join(run_dir, "output.log")
-        if search is None or offset is not None:
-            data, end = files.tail_bytes(path, self.roots, offset, limit)
-            return _kept_lines([data], rank, search), end
-        real = files.confined(path, self.roots)
-        try:
-            pos = max(0, os.stat(real).st_size - SEARCH_BYTES) if real else 0
-        except OSError:
-            pos = 0
-        chunks: deque[bytes] = deque()
-        found = 0  # lines in chunks
-        data, end = files.tail_bytes(path, self.roots, pos, limit)
-        if pos > 0:  # begin at a whole line
-            cut = data.find(b"\n") + 1
-            data = data[cut:] if cut else b""
-        while data:
-            chunks.append(_matching(data, rank, search))
-            found += chunks[-1].count(b"\n")
-            while found - chunks[0].count(b"\n") >= SEARCH_LINES:
-                found -= chunks.popleft().count(b"\n")  # older than the newest SEARCH_LINES
-            data, end = files.tail_bytes(path, self.roots, end, limit)
-        return _kept_lines(list(chunks), None, search), end
-
     def stragglers(self, run_dir: str) -> dict[str, Any]:
         """Slow ranks the launcher recorded (``stragglers.jsonl``): now and lately."""
         return stragglers.summary(shape.redact(self.table(run_dir, "stragglers").records))
-
-    def launcher_events(self, run_dir: str) -> list[str]:
-        """The launcher's own lines (preempted, restarted, failed) from the log,
-        read from where the last call ended (logscan.py)."""
-        return [shape.redact(line) for line in
-                self._events.lines(os.path.join(run_dir, "output.log"))]
-
-    def launcher_timed(self, run_dir: str) -> tuple[list[str], list[Optional[float]]]:
-        """``launcher_events`` and when each was written, where known (logscan.py)."""
-        lines, _, times = self._events.scan(os.path.join(run_dir, "output.log"))
-        return [shape.redact(line) for line in lines], times
-
-    def log_ranks(self, run_dir: str) -> list[int]:
-        """The ranks the output labels, for the logs' rank filter."""
-        return self._events.ranks(os.path.join(run_dir, "output.log"))
-
-    @staticmethod
-    def outcome(events: Sequence[str]) -> dict[str, Any]:
-        """The exit status and how the job ended, from the launcher's last
-        summary line (``job succeeded on 1 node (exit status 0)``); a trial
-        restarted after a failure has several, the last is its end."""
-        for line in reversed(events):
-            m = SUMMARY.match(line)
-            if m:
-                return {"exit_status": int(m.group(2)), "outcome": m.group(1)}
-        return {"exit_status": None, "outcome": None}
 
     def status(self, run_dir: str) -> dict[str, Any]:
         """The run's own notes: early exit, status, metadata, latest checkpoint."""
@@ -374,43 +307,12 @@ class RunReader:
             if len(times):
                 first.append(times[0])
                 last.append(times[-1])
-        try:
-            last.append(os.stat(os.path.join(run_dir, "output.log")).st_mtime)
-        except OSError:
-            pass
+        logged = self.output.modified(run_dir)
+        if logged is not None:
+            last.append(logged)
         first = [t for t in first if t == t]
         last = [t for t in last if t == t]
         return (min(first) if first else None, max(last) if last else None)
-
-
-def _matching(data: bytes, rank: Optional[int], search: Optional[str]) -> bytes:
-    """The lines of ``data`` of ``rank`` (if given) that hold ``search`` (if given)."""
-    if rank is None and search is None:
-        return data
-    needle = None if search is None else re.compile(
-        re.escape(search.encode("utf-8", errors="replace")), re.IGNORECASE)
-    keep = []
-    for line in data.splitlines(keepends=True):
-        if rank is not None:
-            m = RANK_PREFIX.match(line)
-            if not m or int(m.group(1)) != rank:
-                continue
-        if needle is None or needle.search(line):
-            keep.append(line)
-    return b"".join(keep)
-
-
-def _kept_lines(chunks: Sequence[bytes], rank: Optional[int], search: Optional[str]) -> str:
-    """``_matching``'s lines as the page gets them: redacted, and a line whose
-    match was in what the redaction masked left out (a search never tells a
-    secret's presence); a search answers at most ``SEARCH_LINES`` lines."""
-    text = shape.redact_text(shape.as_shown(b"".join(
-        _matching(c, rank, search) for c in chunks).decode("utf-8", errors="replace")))
-    if search is None:
-        return text
-    needle = re.compile(re.escape(search), re.IGNORECASE)
-    lines = [line for line in text.splitlines(keepends=True) if needle.search(line)]
-    return "".join(lines[-SEARCH_LINES:])
 
 
 def _encode(rows: list[dict[str, Any]]) -> bytes:
