@@ -134,3 +134,74 @@ def test_unchanged_polls_over_http_are_304_without_a_build(tmp_path: pathlib.Pat
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_two_asks_for_one_answer_build_it_once() -> None:
+    """A cold 10,000-trial answer is seconds of CPU: a second tab (or the
+    warm-up) asking meanwhile takes the first one's answer."""
+    import threading
+
+    from determined_launch.ui.bodies import Bodies
+
+    bodies, started, release = Bodies(), threading.Event(), threading.Event()
+
+    def build() -> tuple[bytes, bool]:
+        started.set()
+        release.wait(10)
+        return b"[1]", True
+
+    got: list[Any] = []
+    first = threading.Thread(target=lambda: got.append(bodies.get("k", ("sig",), build)))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=lambda: got.append(bodies.get("k", ("sig",), build)))
+    second.start()
+    time.sleep(0.1)
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert bodies.builds == 1 and len(got) == 2 and got[0] == got[1]
+
+
+def test_background_work_waits_while_a_page_waits_for_an_answer() -> None:
+    """The trials' file columns and importance wait (bounded) while an
+    answer a page waits for is made: they share one interpreter."""
+    import threading
+
+    from determined_launch.ui.bodies import FOREGROUND, Bodies
+
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def build() -> tuple[bytes, bool]:
+        inside.set()
+        release.wait(10)
+        order.append("answer")
+        return b"{}", True
+
+    page = threading.Thread(target=lambda: Bodies().get("k", ("s",), build))
+    page.start()
+    assert inside.wait(10)
+    background = threading.Thread(target=lambda: (FOREGROUND.wait_quiet(limit=10.0),
+                                                   order.append("background")))
+    background.start()
+    time.sleep(0.2)
+    assert order == []  # still waiting
+    release.set()
+    page.join(10)
+    background.join(10)
+    assert order == ["answer", "background"]
+    FOREGROUND.wait_quiet(limit=0.0)  # never waits past its limit; nor for its own thread
+    with FOREGROUND.busy():
+        FOREGROUND.wait_quiet(limit=10.0)
+
+
+def test_numeric_hparams_fast_path_redacts_like_the_general_walk() -> None:
+    from determined_launch.ui import shape
+    from determined_launch.ui.trial_rows import _hparams
+
+    for hp in ({"lr": 0.1, "width": 64, "flag": True, "none": None},
+               {"lr": float("nan"), "b": float("inf")},
+               {"api_token": 123, "lr": 0.5},  # a secret-looking key: hidden
+               {"url": "https://user:pw@host/x", "n": 1},
+               {"nested": {"password": 1}}):
+        assert _hparams(dict(hp)) == shape.finite(shape.redact(dict(hp))), hp

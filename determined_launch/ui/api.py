@@ -179,7 +179,8 @@ class Api:
         if exp_dir is None:
             return None
         return self.bodies.get((exp_dir, name, part), self._signature(exp_dir),
-                               functools.partial(self._build, name, part))
+                               functools.partial(self._build, name, part),
+                               urgent=part != "importance")  # the first paint's three
 
     def _signature(self, exp_dir: str) -> Optional[tuple[Any, ...]]:
         study = self.studies.signature(exp_dir, self._record(exp_dir))

@@ -116,9 +116,10 @@ _FIELDS: dict[str, Any] = {
 
 
 def _check(op: dict[str, Any]) -> None:
-    for name, ok in _FIELDS.items():
-        if name in op and not ok(op[name]):
-            raise ValueError(f"a record's {name} is {op[name]!r:.40}")
+    for name, value in op.items():  # a record's few keys, not every known field
+        ok = _FIELDS.get(name)
+        if ok is not None and not ok(value):
+            raise ValueError(f"a record's {name} is {value!r:.40}")
     if "state" in op and not 0 <= op["state"] < len(STATES):
         raise ValueError(f"a record's state is {op['state']!r}")
 

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from determined_launch.common.redact import printable
 from determined_launch.errors import LaunchError
-from determined_launch.ui.bodies import stat_signature
+from determined_launch.ui.bodies import FOREGROUND, stat_signature
 from determined_launch.ui.files import confined
 from determined_launch.ui.journal import JournalReader
 
@@ -49,6 +49,7 @@ class Studies:
         self._open: dict[str, tuple[threading.Lock, list[Any]]] = {}
         self._cache: dict[str, tuple[float, Any, list[Any]]] = {}
         self._importance: dict[str, tuple[int, dict[str, float]]] = {}
+        self._importance_lock = threading.Lock()  # one replay at a time (seconds of CPU)
         self._readers: dict[str, JournalReader] = {}
 
     def _url(self, exp_dir: str, record: dict[str, Any]) -> Optional[str]:
@@ -150,12 +151,23 @@ class Studies:
     def importance(self, exp_dir: str, record: dict[str, Any]) -> dict[str, float]:
         """Hyperparameter importance over the completed trials (Optuna's
         PED-ANOVA: no scikit-learn needed, fast at 10,000 trials), computed
-        again only when the number of completed trials changed."""
+        again only when the number of completed trials changed. Optuna's
+        replay of the journal is seconds of CPU in the server's one
+        interpreter: it starts once no page waits for its first answers."""
         trials = self.trials(exp_dir, record)
         done = sum(1 for t in trials if t.state.name == "COMPLETE")
         hit = self._importance.get(exp_dir)
         if hit is not None and hit[0] == done:
             return hit[1]
+        FOREGROUND.wait_quiet(limit=10.0)
+        with self._importance_lock:  # the warm-up and a page's request: made once
+            hit = self._importance.get(exp_dir)
+            if hit is not None and hit[0] == done:
+                return hit[1]
+            return self._compute_importance(exp_dir, record, done)
+
+    def _compute_importance(self, exp_dir: str, record: dict[str, Any],
+                            done: int) -> dict[str, float]:
         result: dict[str, float] = {}
         if done >= 2:
             import optuna
@@ -175,15 +187,18 @@ class Studies:
         return result
 
     def _optuna(self, exp_dir: str, record: dict[str, Any]) -> Any:
-        """The study's Optuna storage (opened on first use: for importance)."""
+        """The study's Optuna storage (opened on first use: for importance),
+        opened outside the study's read lock: Optuna's replay of a journal is
+        seconds, and the page's answers read the study meanwhile."""
         lock, slot = self._open[exp_dir]
-        with lock:
-            if not slot:
-                opened = self._load(exp_dir, record)
-                if opened is None:
-                    return None
-                slot.append(opened)
-            return slot[0][0]
+        if not slot:
+            opened = self._load(exp_dir, record)
+            if opened is None:
+                return None
+            with lock:
+                if not slot:
+                    slot.append(opened)
+        return slot[0][0]
 
     def _load(self, exp_dir: str, record: dict[str, Any]) -> Optional[tuple[Any, int]]:
         try:

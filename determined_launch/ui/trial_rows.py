@@ -15,12 +15,18 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Optional
 
-from determined_launch.common.redact import printable
+from determined_launch.common.redact import printable, secret_key
 from determined_launch.exproot import trial_id_of
 from determined_launch.ui import outcome, shape
+from determined_launch.ui.bodies import FOREGROUND
 from determined_launch.ui.runs import RunReader
+
+#: the filler's progress is published (``TrialRows.filled``, part of the answers'
+#: signature) at most this often while rows remain: each change rebuilds a 3 MB answer
+PUBLISH_S = 2.0
 
 
 def _num(v: Any) -> Any:
@@ -28,6 +34,18 @@ def _num(v: Any) -> Any:
     if type(v) is float:
         return v if math.isfinite(v) else None
     return v if v is None or type(v) is int else shape.finite(v)
+
+
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
+def _hparams(hp: dict[str, Any]) -> dict[str, Any]:
+    """``shape.finite(shape.redact(hp))``; numbers under keys that are not secret
+    (a search's usual hparams) without the general walk: 10,000 rows of them."""
+    if all(type(v) in _PLAIN for v in hp.values()) and not any(
+            secret_key(str(k)) for k in hp):
+        return {str(k): _num(v) for k, v in hp.items()}
+    return shape.finite(shape.redact(hp))
 
 
 def _ts(dt: Any) -> Optional[float]:
@@ -80,8 +98,10 @@ class TrialRows:
         self._exp_locks: dict[str, threading.Lock] = {}
         self._pending: queue.SimpleQueue[TrialEntry] = queue.SimpleQueue()
         self._filler: Optional[threading.Thread] = None
-        #: rows filled in so far (a kept answer made before a fill is stale, bodies.py)
+        #: rows filled in so far, published in steps (a kept answer made before a
+        #: fill is stale, bodies.py): every PUBLISH_S, and when none are left
         self.filled = 0
+        self._done = 0
 
     def entries(self, exp_dir: str, trials: list[Any], smaller: bool) -> list[TrialEntry]:
         with self._lock:
@@ -119,16 +139,21 @@ class TrialRows:
                 self._filler.start()
 
     def _fill(self) -> None:
+        published = time.monotonic()
         while True:
             entry = self._pending.get()
+            FOREGROUND.wait_quiet(limit=5.0)  # after the answers a page waits for
             try:
                 columns = self._file_columns(entry.row["path"])
             except Exception as e:  # noqa: BLE001 (one unreadable trial leaves a gap, not a dead thread)
                 print(f"det-launch ui: {printable(entry.row['path'])}: {type(e).__name__}: "
                       f"{printable(e)}", file=sys.stderr, flush=True)
-                continue
-            entry.row = {**entry.row, **columns}  # counts: finite
-            self.filled += 1
+                columns = None
+            if columns is not None:
+                entry.row = {**entry.row, **columns}  # counts: finite
+                self._done += 1
+            if self._pending.empty() or time.monotonic() - published > PUBLISH_S:
+                self.filled, published = self._done, time.monotonic()
 
     def _file_columns(self, run_dir: str) -> dict[str, Any]:
         return {"checkpoints": sum(1 for c in self.runs_reader.table(run_dir, "checkpoints")
@@ -140,18 +165,20 @@ class TrialRows:
 
         values = t.intermediate_values
         length = max(values) if values else None
+        trial_id = trial_id_of(t)
+        error = t.user_attrs.get("det_error")
         row: dict[str, Any] = {
-            "trial_id": trial_id_of(t), "state": _trial_state(t, exp_dir),
+            "trial_id": trial_id, "state": _trial_state(t, exp_dir),
             # Optuna's own number (optuna-dashboard's "Trial N"): ids are root-wide
             "optuna_number": int(t.number),
-            "hparams": shape.finite(shape.redact(report.hparams_of(t))),
+            "hparams": _hparams(report.hparams_of(t)),
             "best_value": _num(report.best_value(t, smaller)),
             "latest_value": _num(values[length]) if length is not None else None,
             "length": length, "start": _ts(t.datetime_start), "end": _ts(t.datetime_complete),
-            "error": _num(shape.redact(t.user_attrs.get("det_error"))),
+            "error": None if error is None else _num(shape.redact(error)),
             # failures restarted by the driver (the study's count, as Determined's)
             "restarts": int(t.user_attrs.get("det_restarts", 0) or 0)}
-        row["path"] = self.trial_dir_of(exp_dir, trial_id_of(t))
+        row["path"] = self.trial_dir_of(exp_dir, trial_id)
         row.update(self._file_columns(row["path"]) if files else
                    {"checkpoints": None})
         return row  # every value finite already (no second walk of 10,000 rows)
