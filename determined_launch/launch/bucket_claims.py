@@ -1,21 +1,22 @@
-"""``--min-nodes`` claims and presence in an S3 or Azure bucket: nothing shared but it.
+"""``--min-nodes`` claims and presence in an S3, GCS or Azure bucket: nothing shared but it.
 
 Kubernetes pods and spot VMs share no file system: every node has its own
 run directory, but they all see the job's checkpoint storage. When that is
-S3, the files ``signed_files.SignedDir`` keeps in ``<run_dir>/generations``
+S3 (GCS, Azure), the files ``signed_files.SignedDir`` keeps in ``<run_dir>/generations``
 live under ``<prefix>/.det-launch/<job>/generations/`` instead, with the
 same names, the same signatures and the same rules (``claims``):
 
-* create-if-absent is a conditional put (``If-None-Match: *``, fsspec's
-  ``mode="create"``): of two groups of survivors that claim one generation,
-  the store accepts exactly one;
-* replace-if-unchanged is ``If-Match: <etag>`` (``replace``);
+* create-if-absent is a conditional put (``If-None-Match: *``; GCS:
+  ``ifGenerationMatch=0``; fsspec's ``mode="create"``): of two groups of
+  survivors that claim one generation, the store accepts exactly one;
+* replace-if-unchanged is ``If-Match: <etag>`` (GCS: ``ifGenerationMatch=<the
+  generation read>``, gcsfs has no argument for it: ``_gcs_replace``);
 * an alive file is a plain put (only its own node writes it), and its age is
-  the bucket's clock (``LastModified``), as the directory's is the file
+  the bucket's clock (``LastModified``, GCS's ``updated``), as the directory's is the file
   system's: the nodes' clocks may differ.
 
 The client is the checkpoint storage's own (``objectstore.make_filesystem``:
-s3fs, adlfs): the same credentials, endpoint and retries. A
+s3fs, gcsfs, adlfs): the same credentials, endpoint and retries. A
 request that fails counts as "not there now" (a read) or "not written" (a
 write), as an unreadable file does in the directory: a claim that cannot be
 made stops the group that needs it, never a second group.
@@ -25,9 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import secrets
 import zlib
 from typing import Any, Callable, Optional
+from urllib.parse import quote
 
 from determined_launch.launch.signed_files import (
     CLAIMS_DIR,
@@ -109,6 +112,13 @@ class SignedBucket:
 
     def replace(self, name: str, text: str, seen: Stamp) -> bool:
         """``name`` holds ``text`` if it is still the object ``seen`` (``If-Match``)."""
+        if self.protocol == "gs":
+            try:
+                _gcs_replace(self.fs, self.bucket, f"{self.root}/{name}".partition("/")[2],
+                             sign(self.key, name, text), seen.etag)
+                return True
+            except Exception:
+                return False
         if self.protocol == "az":
             from azure.core import MatchConditions
 
@@ -141,8 +151,10 @@ class SignedBucket:
             info = self.fs.info(path)
         except Exception:
             return None
-        etag = str(info.get("ETag") or info.get("etag") or "")
-        when = info.get("LastModified") or info.get("last_modified")
+        # GCS: the object's generation is what a conditional write names (a new object, a new one)
+        etag = str(info.get("generation") if self.protocol == "gs" else
+                   info.get("ETag") or info.get("etag") or "")
+        when = info.get("LastModified") or info.get("last_modified") or info.get("mtime")
         if not etag or not isinstance(when, datetime.datetime):
             return None
         stamp = when.timestamp()
@@ -165,6 +177,19 @@ def job_name(trial_id: int, experiment_id: Optional[int]) -> str:
     """The job's folder in the bucket: one per trial, as its run directory."""
     return f"trial-{trial_id}" if experiment_id is None else (
         f"experiment-{experiment_id}-trial-{trial_id}")
+
+
+def _gcs_replace(fs: Any, bucket: str, key: str, data: bytes, generation: str) -> None:
+    """Upload ``data`` as ``key`` only if its live generation is ``generation``
+    (a JSON API multipart upload, as gcsfs's own small uploads; 412: FileExistsError)."""
+    boundary = "det-launch-" + secrets.token_hex(8)
+    head = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
+            f"{json.dumps({'name': key})}\r\n--{boundary}\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n")
+    body = head.encode() + data + f"\r\n--{boundary}--".encode()
+    fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+            uploadType="multipart", ifGenerationMatch=generation, data=body,
+            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'})
 
 
 def _line(e: BaseException) -> str:

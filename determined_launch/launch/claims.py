@@ -8,7 +8,7 @@ members (a hard link of a complete file: the name appears whole or not at
 all). A claim succeeds only if it extends the lineage: generation ``g-1``'s
 claim names the members this group ran with. So of two groups, the first to
 claim continues, and the other stops, even one that goes on to a later
-generation number on its own. With S3 or Azure checkpoint storage the same
+generation number on its own. With S3, GCS or Azure checkpoint storage the same
 files live in the bucket instead, created by a conditional put (``If-None-Match:
 *``; ``bucket_claims``): then no node needs a shared run directory.
 
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 NEW, REJOIN = "new", "rejoin"
 END = "end.json"
 #: checkpoint storage that keeps the claims (conditional writes: ``bucket_claims``)
-BUCKET_PROTOCOLS = ("s3", "az")
+BUCKET_PROTOCOLS = ("s3", "gs", "az")
 #: the job's newest checkpoint, where the run directories are the nodes' own (``SharedProgress``)
 PROGRESS = "progress.json"
 

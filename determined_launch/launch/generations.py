@@ -305,8 +305,8 @@ def not_shared(where: object, chief: int, me: Optional[int] = None) -> str:
         me != chief) else "the other nodes connected, but never saw their launchers' alive files")
     return (f"the run directory is not shared: this node ran generation 0 with "
             f"{saw.format(chief=chief)} in {where}; --min-nodes "
-            f"needs one run directory that every node sees (a shared file system) or S3 "
-            f"or Azure checkpoint storage (the claims go to its bucket)")
+            f"needs one run directory that every node sees (a shared file system) or S3, "
+            f"GCS or Azure checkpoint storage (the claims go to its bucket)")
 
 
 def _ends_job(judge: Restarts, gen: Generation, claims: Claims) -> bool:
