@@ -22,6 +22,12 @@ Each measured against a real ``det-launch ui`` subprocess over HTTP on loopback:
   each second (with If-None-Match, as the pages do) for 10 s while the run
   grows; the server's CPU time / wall time.
 
+* **the cold path in phases** (``--phases``, with ``--keep DIR``): in one
+  fresh process, no server and no browser, the work between a server's start
+  and the experiment page's first three answers, one phase after the other,
+  each phase's CPU seconds on its own thread (``time.thread_time``; the
+  background filler of file columns is left out).
+
 ``--tree`` measures another checkout's server and readers (an old commit,
 unpacked with ``git archive``) on the same fixtures, for before/after pairs.
 """
@@ -134,6 +140,39 @@ def alone(root: pathlib.Path, setup: str, measured: str) -> float:
                                 check=True, cwd=root).stdout.split()[-1])
 
 
+#: the experiment page's cold path, phase by phase, in a fresh process (--phases)
+PHASES = """
+import json, sys, time
+t = time.thread_time()
+from determined_launch.ui import routes, server  # noqa: F401 (what the server imports)
+from determined_launch.ui.api import Api
+import determined_launch.experiment.report  # noqa: F401 (imported by the first answer)
+out = {"imports (before the URL is announced)": round(time.thread_time() - t, 3)}
+api = Api([sys.argv[1]])
+exp = api.catalog.experiments()["big"]
+record = api._record(exp)
+def phase(name, work):
+    t = time.thread_time()
+    work()
+    out[name] = round(time.thread_time() - t, 3)
+phase("the study (journal) read", lambda: api.studies.trials(exp, record))
+phase("the summary answer", lambda: api.experiment_body("big", ""))
+phase("10,000 rows and curves", lambda: api._entries("big"))
+phase("the trials answer (encoded, ETag)", lambda: api.experiment_body("big", "trials"))
+phase("the searcher_metric answer", lambda: api.experiment_body("big", "searcher_metric"))
+after = [v for k, v in out.items() if "imports" not in k]
+out["after the announcement, total"] = round(sum(after), 3)
+print(json.dumps(out))
+"""
+
+
+def phases(root: pathlib.Path) -> dict[str, Any]:
+    """The cold path's CPU seconds by phase (PHASES), in a fresh process of --tree."""
+    return json.loads(subprocess.run(
+        [sys.executable, "-c", PHASES, str(root / "det_experiments")], capture_output=True,
+        text=True, check=True, cwd=root).stdout.splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=10_000)
@@ -142,6 +181,8 @@ def main() -> None:
     ap.add_argument("--keep", metavar="DIR", help="build the fixtures here once and reuse them")
     ap.add_argument("--chart-only", action="store_true",
                     help="only the million-point chart (no experiment, no tabs)")
+    ap.add_argument("--phases", action="store_true",
+                    help="only the cold path's CPU by phase, in-process (needs --keep's fixture)")
     ap.add_argument("--tree", metavar="CHECKOUT", default=str(REPO),
                     help="the checkout whose server and readers are measured")
     args = ap.parse_args()
@@ -153,9 +194,12 @@ def main() -> None:
         t = time.perf_counter()
         if not args.chart_only and not (root / "det_experiments").exists():
             build_experiment(root, args.trials)
-        if not run.exists():
+        if not run.exists() and not args.phases:
             build_run(root, args.points)
         print(f"fixtures ready in {time.perf_counter() - t:.1f} s", flush=True)
+        if args.phases:
+            print(json.dumps({**out, **phases(root)}, indent=1))
+            return
         out["stream_reader_alone_s"] = alone(
             root, "from determined_launch.ui.files import Streams",
             f"n=len(Streams().get('{run}/training.jsonl', ['{root}']))")

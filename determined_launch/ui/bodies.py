@@ -44,6 +44,10 @@ def stat_signature(path: str) -> Optional[tuple[int, int, int, int]]:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+#: background work starts this long after the last answer a page waited for
+SETTLE_S = 0.5
+
+
 class Foreground:
     """The threads making an answer a page waits for. Background work calls
     ``wait_quiet`` between its steps: on a 2-core machine, one Python process,
@@ -53,6 +57,7 @@ class Foreground:
     def __init__(self) -> None:
         self._busy: dict[int, int] = {}  # thread id -> nesting
         self._cond = threading.Condition()
+        self._quiet_since = 0.0  # when the last answer was made (monotonic)
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -65,20 +70,27 @@ class Foreground:
             with self._cond:
                 if self._busy[me] == 1:
                     del self._busy[me]
+                    self._quiet_since = time.monotonic()
                     self._cond.notify_all()
                 else:
                     self._busy[me] -= 1
 
-    def wait_quiet(self, limit: float) -> None:
-        """Until no other thread makes an answer, or ``limit`` seconds (never starved)."""
+    def wait_quiet(self, limit: float, settle: float = SETTLE_S) -> None:
+        """Until no other thread has made an answer for ``settle`` seconds (the
+        page draws meanwhile, and asks its next answers), or ``limit`` seconds
+        (never starved)."""
         me = threading.get_ident()
         deadline = time.monotonic() + limit
         with self._cond:
-            while any(t != me for t in self._busy):
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while True:
+                now = time.monotonic()
+                busy = any(t != me for t in self._busy)
+                if not busy and now - self._quiet_since >= settle:
                     return
-                self._cond.wait(left)
+                if now >= deadline:
+                    return
+                wake = deadline if busy else min(deadline, self._quiet_since + settle)
+                self._cond.wait(wake - now)
 
 
 #: one per process: the server's answers and its background work share one interpreter

@@ -27,6 +27,9 @@ from determined_launch.ui.runs import RunReader
 #: the filler's progress is published (``TrialRows.filled``, part of the answers'
 #: signature) at most this often while rows remain: each change rebuilds a 3 MB answer
 PUBLISH_S = 2.0
+#: the filler lets pages' answers go first at most once per this much of its own
+#: work (so polls that never pause slow it to a few %, never stop it)
+YIELD_EVERY_S = 0.1
 
 
 def _num(v: Any) -> Any:
@@ -139,10 +142,12 @@ class TrialRows:
                 self._filler.start()
 
     def _fill(self) -> None:
-        published = time.monotonic()
+        published, checked = time.monotonic(), 0.0  # the first row waits
         while True:
             entry = self._pending.get()
-            FOREGROUND.wait_quiet(limit=5.0)  # after the answers a page waits for
+            if time.monotonic() - checked > YIELD_EVERY_S:  # after the answers a page waits for
+                FOREGROUND.wait_quiet(limit=2.0)
+                checked = time.monotonic()
             try:
                 columns = self._file_columns(entry.row["path"])
             except Exception as e:  # noqa: BLE001 (one unreadable trial leaves a gap, not a dead thread)
