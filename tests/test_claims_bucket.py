@@ -296,6 +296,28 @@ def test_gcs_conditional_writes_and_bounded_reads(gcs_server: GCSServer, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_a_probe_the_chiefs_reset_removed_is_no_unwritable_bucket(gcs_server: GCSServer) -> None:
+    """A worker's write probe that the starting chief's reset() deletes before
+    the worker does: that worker stopped with "cannot write in ..." (GCS's 404)."""
+    spec = gcs_server.spec(gcs_server.new_bucket())
+    chief = SignedBucket(make_filesystem(spec), spec.url, "trial-1", SECRET)
+
+    class ChiefResetsMeanwhile:
+        def __init__(self, fs: Any) -> None:
+            self.fs = fs
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fs, name)
+
+        def pipe_file(self, *args: Any, **kwargs: Any) -> None:
+            self.fs.pipe_file(*args, **kwargs)
+            chief.reset()
+
+    worker = SignedBucket(ChiefResetsMeanwhile(make_filesystem(spec)), spec.url, "trial-1", SECRET)
+    assert worker.unwritable() is None
+    assert chief.names() == []
+
+
 def test_an_unwritable_bucket_is_one_line(s3_server: S3Server, tmp_path: Path) -> None:
     spec = bucket_of(s3_server, "no-such-bucket")
     with pytest.raises(LaunchError) as e:

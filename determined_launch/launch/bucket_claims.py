@@ -82,9 +82,11 @@ class SignedBucket:
         probe = f"{self.root}/.probe.{secrets.token_hex(6)}"
         try:
             self.fs.pipe_file(probe, b"-", mode="create")
-            self.fs.rm_file(probe)
         except Exception as e:  # any failure: the launcher stops before anything starts
             return f"cannot write in {self.path}: {_line(e)}"
+        # Best effort: the chief's reset() may have removed it already (GCS, Azure: 404),
+        # which once stopped a starting worker ("cannot write in ...") on fake-gcs-server.
+        self.unlink(probe.rsplit("/", 1)[-1])
         return None
 
     def reset(self) -> None:
