@@ -11,14 +11,56 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
+from determined_launch.cluster.info import ClusterInfo
+from determined_launch.core.storage.spec import parse_storage
+from determined_launch.launch import generations
+from determined_launch.launch.claims import Claims
+from determined_launch.supervisor.restarts import Decision, Progress
 from tests.conftest import Launch, free_port_block
 from tests.storage_servers import S3Server
 from tests.test_min_nodes import kill_when_paused, node_command, reference
+
+SECRET = "c" * 32
+
+
+def test_a_new_jobs_nodes_start_from_the_checkpoint_of_the_chiefs_claim(
+        s3_server: S3Server, tmp_path: Path) -> None:
+    """Found by the chaos check on the bucket (``--bucket s3 --seed 303``): with
+    every launcher killed and started again (a new job), node 0 resumed from
+    its own run directory's checkpoint (step 16) and nodes 1 and 2 from none
+    (theirs had none): workers at different steps, a collective that failed
+    (it could as well have mixed the steps' data). Each node takes the
+    checkpoint of the chief's claim of generation 0."""
+    spec = parse_storage(s3_server.block(s3_server.new_bucket()), where="test")
+    started: dict[int, Optional[str]] = {}
+    both = threading.Barrier(2, timeout=30)
+
+    def node(me: int, local: Progress) -> None:
+        claims = Claims.open(tmp_path / f"run{me}", SECRET, 3, spec, "trial-1")
+        judge = generations.Restarts(3, lambda: local, local, (0, 1, 2), me, 1)
+        info = ClusterInfo(("h0", "h1", "h2"), me, (1, 1, 1), (0,), "test",
+                           latest_checkpoint=local.checkpoint)
+
+        def one(gen: generations.Generation) -> tuple[int, Decision, frozenset[int]]:
+            started[me] = gen.info.latest_checkpoint
+            both.wait()  # a generation: its nodes meet
+            return 0, Decision(False), frozenset()
+
+        generations.run_generations(info, judge, one, claims, join_timeout=5, claim_wait=5)
+
+    worker = threading.Thread(target=node, args=(1, Progress()))  # its run directory: none
+    worker.start()
+    time.sleep(1.0)  # it looks at the bucket first (a STARTING node)
+    node(0, Progress("ck-16", 16))
+    worker.join(30)
+    assert started == {0: "ck-16", 1: "ck-16"}
 
 
 def wait_for_object(s3: S3Server, bucket: str, name: str, timeout: float) -> None:

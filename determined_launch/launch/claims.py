@@ -212,11 +212,18 @@ class Claims(Presence):
                               f"claims there (set DET_RUN_DIR to a directory this user can write)")
         return claims
 
-    def start(self, members: tuple[int, ...]) -> None:
+    def start(self, members: tuple[int, ...], checkpoint: Optional[str] = None,
+              steps: Optional[int] = None) -> None:
         """Generation 0's chief (``arrival`` said ``NEW``): a new job; an
-        earlier job's claims go."""
+        earlier job's claims go. In a bucket the claim names the checkpoint
+        it starts from (node-local run directories know different ones: the
+        others take the chief's, ``generations.first_generation``), published
+        again for survivors of a chief lost before its first commit."""
         self.files.reset()
-        self._create(0, members)
+        resume = {"checkpoint": checkpoint, "steps": steps} if self.shared and checkpoint else {}
+        self._create(0, members, **resume)
+        if resume:
+            self.files.write(PROGRESS, json.dumps(resume))
         self.touch(members[0], 0)
 
     def read(self, generation: int) -> Optional[tuple[int, ...]]:

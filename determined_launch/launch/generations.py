@@ -233,10 +233,11 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         first = claims.stamp(0)  # a new job's chief replaces it
         found = claims.survey(me)
         rejoin = arrival(found) == REJOIN
+        resume = judge.read() if claims.shared and info.is_chief and not rejoin else None
         if rejoin:
             running[0] = JOINING
         elif info.is_chief:
-            claims.start(everyone)
+            claims.start(everyone, *((resume.checkpoint, resume.steps) if resume else ()))
         elif found.ended or found.newest != 0 or not found.others_running:
             running[0] = STARTING  # until this job's chief claims generation 0
         threading.Thread(target=_keep_alive, args=(claims, me, running, alive, first, publish),
@@ -244,6 +245,9 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         if rejoin:
             gen = _rejoin(info, judge, claims, join_timeout)
             running[0] = gen.number if gen else JOINING
+        elif claims.shared:
+            gen = first_generation(gen, claims, None if running[0] == STARTING else first,
+                                   first, max(claim_wait, 30.0), resume)
     try:
         while gen is not None:
             if claims is not None:
@@ -295,6 +299,32 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         return 1, info
     finally:
         alive.set()
+
+
+def first_generation(gen: Generation, claims: Claims, ours: Optional[tuple[int, int]],
+                     old: Optional[tuple[int, int]], wait: float,
+                     resume: Optional[Progress]) -> Generation:
+    """A new job's generation 0 on node-local run directories (claims in a
+    bucket): every node starts from the checkpoint the chief's claim names,
+    not from its own run directory's newest (another node's may be older or
+    none: workers at different steps). The chief's is ``resume`` (its own
+    or the published one, ``SharedProgress``); a node waits at most ``wait``
+    seconds for this job's claim (stamp ``ours`` once known, not the earlier
+    job's ``old``); without one it keeps its own."""
+    if resume is not None:
+        return dataclasses.replace(
+            gen, info=membership_info(gen.info, gen.members, resume.checkpoint))
+    deadline = time.monotonic() + wait
+    while True:
+        stamp = claims.stamp(0)
+        if stamp is not None and (stamp == ours or stamp != old):
+            claim = claims.load(0)
+            if claim is not None:
+                return dataclasses.replace(
+                    gen, info=membership_info(gen.info, gen.members, claim.checkpoint))
+        if time.monotonic() > deadline:
+            return gen
+        time.sleep(0.1)
 
 
 def not_shared(where: object, chief: int, me: Optional[int] = None) -> str:
