@@ -205,3 +205,40 @@ def test_numeric_hparams_fast_path_redacts_like_the_general_walk() -> None:
                {"url": "https://user:pw@host/x", "n": 1},
                {"nested": {"password": 1}}):
         assert _hparams(dict(hp)) == shape.finite(shape.redact(dict(hp))), hp
+
+
+def test_the_study_is_read_while_importance_opens_optunas_storage(
+        tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    """Optuna's replay of a 10,000-trial journal (for importance) is seconds:
+    the page's answers read the study meanwhile, never behind it."""
+    import threading
+
+    from determined_launch.ui.study import Studies
+
+    _experiment(tmp_path, 3)
+    api = Api([str(tmp_path)])
+    exp = str(tmp_path / NAME)
+    record = api._record(exp)
+    opening, release = threading.Event(), threading.Event()
+    real_load = Studies._load
+
+    def slow_load(self: Studies, exp_dir: str, rec: dict[str, Any]) -> Any:
+        opening.set()
+        release.wait(20)  # Optuna replaying the journal
+        return real_load(self, exp_dir, rec)
+
+    monkeypatch.setattr(Studies, "_load", slow_load)
+    importance = threading.Thread(target=api.studies.importance, args=(exp, record))
+    importance.start()
+    try:
+        assert opening.wait(20)
+        time.sleep(0.6)  # past the 0.5 s reuse of the last read
+        read: list[int] = []
+        reader = threading.Thread(target=lambda: read.append(len(
+            api.studies.trials(exp, record))))
+        reader.start()
+        reader.join(5)
+        assert read == [3]  # answered while the storage was still opening
+    finally:
+        release.set()
+        importance.join(20)
