@@ -96,13 +96,15 @@ def gcs_server() -> Iterator[GCSServer]:
     from gcsfs.core import GCSFileSystem
 
     server = GCSServer()
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in server.env().items():
-            mp.setenv(name, value)
-        # gcsfs imported earlier in this process chose its experimental class already
-        mp.setitem(_registry, "gs", GCSFileSystem)
-        yield server
-    server.stop()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in server.env().items():
+                mp.setenv(name, value)
+            # gcsfs imported earlier in this process chose its experimental class already
+            mp.setitem(_registry, "gs", GCSFileSystem)
+            yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(params=["directory", "s3", "gcs", "azure"])
