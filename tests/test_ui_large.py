@@ -181,8 +181,11 @@ def test_background_work_waits_while_a_page_waits_for_an_answer() -> None:
     page = threading.Thread(target=lambda: Bodies().get("k", ("s",), build))
     page.start()
     assert inside.wait(10)
-    background = threading.Thread(target=lambda: (FOREGROUND.wait_quiet(limit=10.0),
-                                                   order.append("background")))
+    def work() -> None:
+        FOREGROUND.wait_quiet(limit=10.0)
+        order.append("background")
+
+    background = threading.Thread(target=work)
     background.start()
     time.sleep(0.2)
     assert order == []  # still waiting
