@@ -7,7 +7,9 @@ checkpoint save or a generation's start), each killed node started again
 run's weight (within 1e-9) and leave no process. The seed is random and
 printed on failure: ``benchmarks/chaos_node_loss.py --suite --seed N``
 replays the run's moments. The same check at slower paces, many runs:
-``benchmarks/chaos_node_loss.py`` (BENCHMARKS.md, "Chaos")."""
+``benchmarks/chaos_node_loss.py`` (BENCHMARKS.md, "Chaos"); on a bucket alone
+(node-local run directories, moto or azurite): ``--bucket s3|azure``, not
+here (27-68 s a run on the 2-core VM; tests/test_bucket_rejoin.py is)."""
 
 from __future__ import annotations
 

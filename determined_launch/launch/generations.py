@@ -245,7 +245,7 @@ def run_generations(info: ClusterInfo, judge: Optional[Restarts],
         if rejoin:
             gen = _rejoin(info, judge, claims, join_timeout)
             running[0] = gen.number if gen else JOINING
-        elif claims.shared:
+        elif claims.shared and gen is not None:
             gen = first_generation(gen, claims, None if running[0] == STARTING else first,
                                    first, max(claim_wait, 30.0), resume)
     try:
