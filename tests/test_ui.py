@@ -177,7 +177,7 @@ def test_api_answers_from_study_and_files(tmp_path: pathlib.Path) -> None:
     text, _ = api.runs_reader.output.logs(run_dir, 1, None)
     assert text == "[rank=1] rank one line\n"
     assert api.trial(NAME, 99) is None and api.trials("nope") is None
-    [run] = api.runs()
+    [run] = api.run_pages.runs()
     assert run["name"] == "local" and run["steps_completed"] == 3
 
 
@@ -222,7 +222,7 @@ def test_a_path_may_be_one_experiment_or_one_run(tmp_path: pathlib.Path) -> None
     run = make_run(tmp_path / "b", "my-run")
     api = Api([str(exp), str(run)])
     assert [e["name"] for e in api.experiments()] == [NAME]
-    assert [r["name"] for r in api.runs()] == ["my-run"]
+    assert [r["name"] for r in api.run_pages.runs()] == ["my-run"]
 
 
 def test_a_dead_workers_trial_is_paused_and_a_password_study_needs_its_url(

@@ -99,9 +99,16 @@ def test_a_brush_dragged_while_the_page_redraws(ui: tuple[Served, Any, pathlib.P
     page.goto(f"{served.url}experiments/{NAME}")
     links = page.locator(f"main td a[href*='/experiments/{NAME}/trials/']")
     expect(links).to_have_count(4)
+    # Scrolled to and measured in one step in the page (a poll tick may draw the axes again
+    # between two steps: a new grip in the same place, the old one detached), until two
+    # measures agree: sections still loading above (importance, charts) move it down.
     grip = page.locator("rect.axis-grip[data-axis=loss]")
-    grip.scroll_into_view_if_needed()
-    box = grip.bounding_box()
+    measure = ("el => { el.scrollIntoView({block: 'center'}); const r = el.getBoundingClientRect();"
+               " return {x: r.x, y: r.y, width: r.width, height: r.height}; }")
+    box, before = grip.evaluate(measure), None
+    while box != before:
+        page.wait_for_timeout(300)
+        before, box = box, grip.evaluate(measure)
     x = box["x"] + box["width"] / 2
     page.mouse.move(x, box["y"] + box["height"] - 2)  # the metric axis' low end ...
     page.mouse.down()

@@ -77,7 +77,7 @@ def test_stragglers_of_a_trial_and_a_run(tmp_path: pathlib.Path) -> None:
     (run / "stragglers.jsonl").open("a").write('{"rank": "x"}\nnot json\n')
     from determined_launch.ui.api import Api
 
-    one = Api([str(tmp_path / "det_runs")]).run("local") or {}
+    one = Api([str(tmp_path / "det_runs")]).run_pages.run("local") or {}
     now, events = one["stragglers"]["now"], one["stragglers"]["events"]
     assert [(e["node"], e["rank"], e["host"], e["step_time"], e["median"]) for e in now] == [
         (1, 3, "h1", 0.42, 0.1)]

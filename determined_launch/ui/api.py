@@ -20,12 +20,11 @@ from determined_launch.exproot import trial_id_of
 from determined_launch.ui import files, outcome, shape
 from determined_launch.ui.bodies import Bodies, stat_signature
 from determined_launch.ui.catalog import Catalog
+from determined_launch.ui.run_pages import RunPages
 from determined_launch.ui.runs import RemoteCheckpoints, RunReader, Storages
 from determined_launch.ui.study import Studies, StudyError
 from determined_launch.ui.trial_rows import TrialEntry, TrialRows
 
-#: a plain run that reported within this many seconds is shown as active
-ACTIVE = 60.0
 FINISHED = ("completed", "stopped (ASHA)", "failed", "invalid hparams")
 
 
@@ -39,6 +38,8 @@ class Api:
         self.runs_reader = RunReader(self.roots)
         self.studies = Studies(study_storage, self.roots)
         self.rows = TrialRows(self.runs_reader)
+        #: the plain runs' answers, and the run part of every trial's answer
+        self.run_pages = RunPages(self.catalog, self.runs_reader, self.remotes)
         self.bodies = Bodies()
 
     # -- experiments ---------------------------------------------------------------
@@ -227,7 +228,7 @@ class Api:
                if found else {"trial_id": trial_id, "state": "unknown", "error": error})
         info = files.read_json(os.path.join(run_dir, "cluster_info.json"), self.roots) or {}
         block = _section(info, "trial")
-        out = {**self._run_details(run_dir), **row, "experiment": name,
+        out = {**self.run_pages.details(run_dir), **row, "experiment": name,
                "metric": searcher.get("metric"),
                "smaller_is_better": searcher.get("smaller_is_better", True),
                "hparams_all": shape.redact(block.get("hparams")),
@@ -255,81 +256,10 @@ class Api:
 
     def experiment_storage(self, name: str) -> Storages:
         exp_dir = self.catalog.experiments().get(name)
-        return self._storages(exp_dir, os.path.join(exp_dir, "checkpoints")) if exp_dir else []
+        if exp_dir is None:
+            return []
+        return self.run_pages.storages(exp_dir, os.path.join(exp_dir, "checkpoints"))
 
-    def _storages(self, path: str, local: str) -> Storages:
-        """A mirrored tree's checkpoints are in its object storage, else beside it."""
-        for root, storage in self.remotes:
-            if path == root or path.startswith(root + os.sep):
-                return [storage]
-        return [local]
-
-    # -- plain runs ----------------------------------------------------------------
-
-    def run_dir(self, name: str) -> Optional[str]:
-        return self.catalog.runs().get(name)
-
-    def runs(self) -> list[dict[str, Any]]:
-        out = []
-        for name, path in self.catalog.runs().items():
-            try:
-                out.append(self._run_summary(name, path))
-            except Exception as e:  # noqa: BLE001 (one bad run never empties the list)
-                out.append({"name": name, "path": path, "state": "unreadable",
-                            "error": printable(f"{type(e).__name__}: {e}")[:500]})
-        return out
-
-    def _run_summary(self, name: str, path: str) -> dict[str, Any]:
-        start, last = self.runs_reader.activity(path)
-        active = last is not None and time.time() - last < ACTIVE
-        ended = self._exit(path)
-        state = "active" if active else "idle"
-        if ended is not None:  # the launcher's record of how its job ended (rundir.EXIT_FILE)
-            state = outcome.run_state(ended["exit_status"])
-            last = max(last or 0.0, ended["time"]) or None
-        return shape.finite({"name": name, "path": path, "start": start, "last_update": last,
-                             "state": state, "steps_completed": self.runs_reader.last_step(path)})
-
-    def _exit(self, path: str) -> Optional[dict[str, Any]]:
-        record = files.read_json(os.path.join(path, "exit.json"), self.roots) or {}
-        status, when = record.get("exit_status"), record.get("time")
-        if isinstance(status, bool) or not isinstance(status, int) or not isinstance(
-                when, (int, float)) or isinstance(when, bool):
-            return None
-        return {"exit_status": status, "time": float(when)}
-
-    def run(self, name: str) -> Optional[dict[str, Any]]:
-        path = self.run_dir(name)
-        if path is None:
-            return None
-        out = {**self._run_summary(name, path), **self._run_details(path)}
-        ended = self._exit(path)
-        if ended is not None:
-            if out["exit_status"] is None:
-                out["exit_status"] = ended["exit_status"]
-            out["ended"] = outcome.run_ended(ended["exit_status"])
-            out["history"] = outcome.history(out["launcher_events"], out["_times"],
-                                             out["state"], None, None, ended["time"])
-            if out["state"] == "errored":
-                out["output_tail"] = self.runs_reader.output.tail(path)
-        del out["_times"]
-        return shape.finite(out)
-
-    def run_storage(self, name: str) -> Storages:
-        path = self.run_dir(name)
-        return self._storages(path, os.path.join(os.path.dirname(path), "checkpoints")) \
-            if path else []
-
-    def _run_details(self, run_dir: str) -> dict[str, Any]:
-        r = self.runs_reader
-        events, times = r.output.launcher_timed(run_dir)
-        return {**r.status(run_dir), **r.output.outcome(events), "groups": r.groups(run_dir),
-                "launcher_events": events, "_times": times,
-                "log_ranks": r.output.log_ranks(run_dir),
-                "stragglers": r.stragglers(run_dir),
-                "history": outcome.history(events, times, "running", None, None, None),
-                "ended": None, "output_tail": None,
-                "restarts": r.regressions(run_dir), "steps_completed": r.last_step(run_dir)}
 
 
 def _quietly(what: str, work: Callable[[], Any]) -> None:

@@ -146,7 +146,7 @@ def _trial(r: Request) -> tuple[str, Storages]:
 
 def _run(r: Request) -> tuple[str, Storages]:
     name = r.params["name"]
-    return found(r.api.run_dir(name)), r.api.run_storage(name)
+    return found(r.api.run_pages.run_dir(name)), r.api.run_pages.run_storage(name)
 
 
 def metrics(where: Callable[[Request], tuple[str, Storages]]) -> Handler:
@@ -241,7 +241,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/compare", page),
     ("GET", "/static/{file*}", static),
     ("GET", f"{V1}/experiments", lambda r: as_json(r.api.experiments())),
-    ("GET", f"{V1}/runs", lambda r: as_json(r.api.runs())),
+    ("GET", f"{V1}/runs", lambda r: as_json(r.api.run_pages.runs())),
     ("GET", f"{V1}/actions", actions_offered),
     *[("GET", f"{V1}/experiments/{{name}}" + (f"/{p}" if p else ""), experiment_part(p))
       for p in Api.PARTS],
@@ -253,7 +253,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", f"{TRIAL}/logs", logs(_trial)),
     ("GET", f"{TRIAL}/metric_names", metric_names(_trial)),
     ("GET", f"{TRIAL}/system", system(_trial)),
-    ("GET", RUN, lambda r: as_json(found(r.api.run(r.params["name"])))),
+    ("GET", RUN, lambda r: as_json(found(r.api.run_pages.run(r.params["name"])))),
     ("GET", f"{RUN}/metrics", metrics(_run)),
     ("GET", f"{RUN}/checkpoints", checkpoints(_run)),
     ("GET", f"{RUN}/logs", logs(_run)),

@@ -14,6 +14,9 @@ function score(q, smaller) { // a curve's best value, best first
 // Charts outlive the page's redraws (each second): one per key, with the user's settings.
 const chartState = new Map(); // key -> {el, u, sig, series, log, smooth}
 const chartBrushes = new Map(); // parallel-coordinates key -> {axis: [lo, hi] in 0..1}
+// key -> the brush being dragged {axis, ax, y0, y1} (svg units): part of what a redraw draws, so a
+// redraw mid-drag (a poll tick, a new trial that moves the page's sections) never loses the band
+const chartDrags = new Map();
 
 function ticks(lo, hi, n) {
   if (!(hi > lo)) return [lo];
@@ -154,7 +157,8 @@ function parallel(trials, metric, smaller, bestId, key, cats) {
   chartBrushes.set(key, br);
   const axes = [...hpNames(trials), metric];
   const W = Math.max(460, 130 * axes.length), H = 300, T = 48, B = 26, L = 50, R = 60;
-  const svg = h("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "parallel coordinates"},
+  const svg = h("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "parallel coordinates",
+    "data-brushes": key},
     h("text", {x: 8, y: 15, class: "title"}, "hyperparameters (parallel coordinates: drag an axis to filter)"));
   const value = (t, a) => a === metric ? t.best_value : (t.hparams || {})[a];
   const scales = axes.map((a) => axisScale(trials.map((t) => value(t, a)), cats && cats.has(a)));
@@ -192,29 +196,38 @@ function parallel(trials, metric, smaller, bestId, key, cats) {
     // the brush's grip: a band along the axis that takes the pointer
     svg.append(h("rect", {class: "axis-grip", "data-axis": a, x: x(i) - 12, width: 24, y: T - 8,
       height: H - T - B + 16, fill: "transparent", style: "cursor: ns-resize",
-      // the page's svg: a redraw patches the first one drawn, not this render's
-      onmousedown: (ev) => startBrush(ev, ev.currentTarget.ownerSVGElement, key, a, unit, x(i))}));
+      onmousedown: (ev) => startBrush(ev, key, a, unit, x(i))}));
   });
+  const drag = chartDrags.get(key);
+  if (drag) svg.append(dragBand(drag));
   return h("div", {class: "chart parallel"}, svg);
 }
 
-function startBrush(ev, svg, key, axis, unit, ax) {
+const dragBand = (d) => h("rect", {class: "brush dragging", x: d.ax - 8, width: 16,
+  y: Math.min(d.y0, d.y1), height: Math.abs(d.y1 - d.y0), fill: "#2463eb", "fill-opacity": 0.18,
+  stroke: "#2463eb"});
+
+// A brush drag: its state lives in chartDrags (a redraw draws it); the pointer is read against
+// whichever svg the page shows now (a redraw may have replaced the one pressed on).
+function startBrush(ev, key, axis, unit, ax) {
   ev.preventDefault();
-  const toSvg = (e) => { const p = svg.createSVGPoint(); p.x = e.clientX; p.y = e.clientY;
-    return p.matrixTransform(svg.getScreenCTM().inverse()).y; };
-  const y0 = toSvg(ev);
-  const band = h("rect", {class: "brush", x: ax - 8, width: 16, y: y0, height: 0,
-    fill: "#2463eb", "fill-opacity": 0.18, stroke: "#2463eb"});
-  svg.append(band);
-  svg.dataset.busy = ""; // the page's redraws leave it alone until the button is up (core.js)
-  const move = (e) => { const y1 = toSvg(e);
-    band.setAttribute("y", Math.min(y0, y1)); band.setAttribute("height", Math.abs(y1 - y0)); };
+  const svgNow = () => document.querySelector(`svg[data-brushes="${key}"]`);
+  const toSvg = (e) => { const svg = svgNow(); const p = svg.createSVGPoint(); p.x = e.clientX;
+    p.y = e.clientY; return p.matrixTransform(svg.getScreenCTM().inverse()).y; };
+  const drag = {axis, ax, y0: toSvg(ev), y1: toSvg(ev)};
+  chartDrags.set(key, drag);
+  const draw = () => { const svg = svgNow(); if (!svg) return;
+    const band = svg.querySelector("rect.brush.dragging");
+    if (band) band.replaceWith(dragBand(drag)); else svg.append(dragBand(drag)); };
+  draw();
+  const move = (e) => { if (svgNow()) { drag.y1 = toSvg(e); draw(); } };
   const up = (e) => {
     window.removeEventListener("mousemove", move); window.removeEventListener("mouseup", up);
-    delete svg.dataset.busy;
-    const y1 = toSvg(e), br = chartBrushes.get(key);
-    if (Math.abs(y1 - y0) < 3) delete br[axis]; // a click clears this axis
-    else br[axis] = [unit(Math.max(y0, y1)), unit(Math.min(y0, y1))];
+    chartDrags.delete(key);
+    if (svgNow()) drag.y1 = toSvg(e);
+    const br = chartBrushes.get(key);
+    if (Math.abs(drag.y1 - drag.y0) < 3) delete br[axis]; // a click clears this axis
+    else br[axis] = [unit(Math.max(drag.y0, drag.y1)), unit(Math.min(drag.y0, drag.y1))];
     rerender();
   };
   window.addEventListener("mousemove", move);

@@ -82,11 +82,12 @@ let page = null;
 function show(...nodes) { main.replaceChildren(...nodes.map(place)); }
 // Redraw in place: only the nodes that differ change, so a page redrawn every second keeps the
 // user's text selection, focus, typed filters and the scroll of its boxes (replacing the nodes
-// drops them). A kept node (a chart: uPlot's canvas, zoom, legend) is never patched, only placed;
-// a node the user is working in (data-busy: a brush being dragged) is left as it is. The page's
-// nodes are the first ones drawn: a listener reaches them through its event, not its closure.
+// drops them). A kept node (a chart: uPlot's canvas, zoom, legend) is never patched, only placed.
+// What the user is doing (a brush being dragged) is state the render draws, never a node to spare.
+// The page's nodes are the first ones drawn: a listener reaches them through its event, not its
+// closure.
 function patch(old, next) {
-  if (old === next || old === next.kept || old.dataset?.busy !== undefined) return;
+  if (old === next || old === next.kept) return;
   if (old.nodeName !== next.nodeName || keeps(old) || keeps(next) || next.kept) { old.replaceWith(place(next)); return; }
   if (old.nodeType === Node.TEXT_NODE) { if (old.data !== next.data) old.data = next.data; return; }
   if (old.nodeType !== Node.ELEMENT_NODE) return;
