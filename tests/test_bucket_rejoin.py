@@ -20,7 +20,7 @@ import pytest
 
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.storage.spec import parse_storage
-from determined_launch.launch import generations
+from determined_launch.launch import generations, restart_judge
 from determined_launch.launch.claims import Claims
 from determined_launch.supervisor.restarts import Decision, Progress
 from tests.conftest import Launch, free_port_block
@@ -44,7 +44,7 @@ def test_a_new_jobs_nodes_start_from_the_checkpoint_of_the_chiefs_claim(
 
     def node(me: int, local: Progress) -> None:
         claims = Claims.open(tmp_path / f"run{me}", SECRET, 3, spec, "trial-1")
-        judge = generations.Restarts(3, lambda: local, local, (0, 1, 2), me, 1)
+        judge = restart_judge.Restarts(3, lambda: local, local, (0, 1, 2), me, 1)
         info = ClusterInfo(("h0", "h1", "h2"), me, (1, 1, 1), (0,), "test",
                            latest_checkpoint=local.checkpoint)
 

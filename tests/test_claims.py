@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from determined_launch.cluster.info import ClusterInfo
-from determined_launch.launch import generations
+from determined_launch.launch import generations, restart_judge
 from determined_launch.launch.claims import (
     NEW,
     REJOIN,
@@ -186,8 +186,8 @@ def info(me: int, n: int = 3) -> ClusterInfo:
     return ClusterInfo(tuple(f"h{i}" for i in range(n)), me, (1,) * n, (0,), "test")
 
 
-def judge(me: int, n: int = 3, min_nodes: int = 1) -> generations.Restarts:
-    return generations.Restarts(3, lambda: C4, Progress(), tuple(range(n)), me, min_nodes)
+def judge(me: int, n: int = 3, min_nodes: int = 1) -> restart_judge.Restarts:
+    return restart_judge.Restarts(3, lambda: C4, Progress(), tuple(range(n)), me, min_nodes)
 
 
 def test_a_relaunched_chief_rejoins_instead_of_starting_over(
@@ -262,13 +262,13 @@ def test_a_rejoin_survives_the_loss_of_the_chief_that_preempted_for_it() -> None
     from determined_launch.errors import EXIT_PREEMPTED
     from determined_launch.supervisor import handoff
 
-    j = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
+    j = restart_judge.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
     d = handoff.node_decides(None, j, EXIT_PREEMPTED, None, True, None,  # type: ignore[arg-type]
                              1.0, lambda: (1,))
     assert d.restart and d.members == (1, 2) and d.generation == 1
     assert d.why == ("node 1 rejoins: continuing on nodes 1, 2 without node 0 (generation 1); "
                      "resuming from no checkpoint")  # (none committed since this node started)
-    alone = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
+    alone = restart_judge.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
     assert not handoff.node_decides(None, alone, EXIT_PREEMPTED, None, True, None,  # type: ignore[arg-type]
                                     1.0, lambda: ()).restart  # a plain preemption ends it
 
@@ -292,7 +292,7 @@ def test_a_superseded_generation_stops_its_workers_without_a_checkpoint() -> Non
     cause = v.pick_cause(verdict.candidates)
     assert cause is not None and cause.interrupt
     assert cause.describe() == f"the launcher on node 2 (h2) stopped its generation: {why}"
-    j = generations.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
+    j = restart_judge.Restarts(50, lambda: C4, Progress(), (0, 2), 2, 1)
     assert not j.decide(143, cause).restart
 
 

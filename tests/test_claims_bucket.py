@@ -26,7 +26,7 @@ from determined_launch.cluster.info import ClusterInfo
 from determined_launch.core.storage.objectstore import make_filesystem
 from determined_launch.core.storage.spec import parse_storage
 from determined_launch.errors import LaunchError
-from determined_launch.launch import generations
+from determined_launch.launch import generations, restart_judge
 from determined_launch.launch.bucket_claims import SignedBucket, job_name
 from determined_launch.launch.claims import JOINING, Claims, Survey
 from determined_launch.launch.signed_files import sign
@@ -334,7 +334,7 @@ def _loop(tmp_path: Path, me: int, failure: Failure, lost: int) -> int:
     """One node of 3 on its own run directory (no bucket) runs generation 0,
     which ends in ``failure`` (node ``lost`` gone); the generation loop decides."""
     claims = Claims(tmp_path / f"run{me}", SECRET, 3)
-    j = generations.Restarts(3, lambda: Progress("ck-4", 4), Progress(), (0, 1, 2), me, 1)
+    j = restart_judge.Restarts(3, lambda: Progress("ck-4", 4), Progress(), (0, 1, 2), me, 1)
     info = ClusterInfo(("h0", "h1", "h2"), me, (1, 1, 1), (0,), "test")
     first = [True]
 

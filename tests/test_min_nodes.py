@@ -16,7 +16,7 @@ import pytest
 
 from determined_launch.cluster.info import ClusterInfo
 from determined_launch.errors import LaunchError
-from determined_launch.launch import config, generations
+from determined_launch.launch import config, generations, restart_judge
 from determined_launch.launch.claims import Claims
 from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.restarts import Attempt, Decision, Progress, decide
@@ -71,8 +71,8 @@ def test_a_worker_failure_with_a_node_gone_continues_without_that_node() -> None
     assert not no_min.restart and "status 3; node 1 lost; a restart needs every node" in no_min.why
 
 
-def judges(n: int, max_restarts: int = 3, min_nodes: int = 1) -> list[generations.Restarts]:
-    return [generations.Restarts(max_restarts, lambda: C4, NONE, tuple(range(n)), me, min_nodes)
+def judges(n: int, max_restarts: int = 3, min_nodes: int = 1) -> list[restart_judge.Restarts]:
+    return [restart_judge.Restarts(max_restarts, lambda: C4, NONE, tuple(range(n)), me, min_nodes)
             for me in range(n)]
 
 
@@ -169,7 +169,7 @@ def test_a_resumed_chief_reads_that_a_node_lost_it_not_that_it_was_lost() -> Non
     assert verdict.cause is not None
     assert verdict.cause.describe() == ("the launcher on node 1 (h1) lost sight of this chief "
                                         "(no heartbeat for 10s)")
-    j = generations.Restarts(2, lambda: C4, NONE, (0, 1, 2), 0, min_nodes=1)
+    j = restart_judge.Restarts(2, lambda: C4, NONE, (0, 1, 2), 0, min_nodes=1)
     assert j.decide(1, verdict.cause).members == (0, 2)  # node 1 goes on without this chief
 
 
@@ -198,7 +198,7 @@ def test_messages_name_nodes_by_their_original_rank() -> None:
     crash = verdict._rank_failure(v.RankExited(0, 3, 1000.0))
     assert crash.describe() == "rank 0 on node 1 (h1) exited with status 3"
     # the chief's record maps it back to the same node
-    j = generations.Restarts(2, lambda: C4, NONE, (1, 2), 1, min_nodes=1)
+    j = restart_judge.Restarts(2, lambda: C4, NONE, (1, 2), 1, min_nodes=1)
     assert j.decide(1, verdict.cause).members == (1,)
 
 
@@ -259,7 +259,7 @@ def test_a_frozen_chief_holds_only_its_own_generations_port(
             ChiefLink("127.0.0.1", gen0.control_port, 2, "u" * 32)
         # generation 2's chief finds its port taken (by the second frozen process)
         gen2 = make_runtime(info, env, generation=2, members=(0, 1))
-        judge = generations.Restarts(3, lambda: C4, NONE, (0, 1), 0, 1)
+        judge = restart_judge.Restarts(3, lambda: C4, NONE, (0, 1), 0, 1)
         plan = LaunchPlan((ProcessSpec((sys.executable, "-c", "pass"), "cmd"),))
         sup = Supervisor(plan, info, gen2, SupervisorConfig(connect_timeout=0.3),
                          restarts=judge, members=(0, 1))
@@ -296,7 +296,7 @@ def test_a_chief_that_never_answers_is_lost_too(min_nodes: int | None,
     info = ClusterInfo(("127.0.0.1", "127.0.0.1"), 1, (1, 1), (0,), "test")
     runtime = make_runtime(info, {"C10D_PORT": str(free_port_block(8)),
                                   "DET_DIST_SECRET": "u" * 32}, generation=1, members=(1, 2))
-    judge = generations.Restarts(3, lambda: C4, NONE, (1, 2), 2, min_nodes)
+    judge = restart_judge.Restarts(3, lambda: C4, NONE, (1, 2), 2, min_nodes)
     plan = LaunchPlan((ProcessSpec((sys.executable, "-c", "raise SystemExit(9)"), "cmd"),))
     sup = Supervisor(plan, info, runtime, SupervisorConfig(connect_timeout=0.3),
                      restarts=judge, members=(1, 2))
@@ -325,13 +325,13 @@ def test_min_nodes_option_and_its_checks() -> None:
     with pytest.raises(LaunchError, match=r"^environment variable DET_LAUNCH_MIN_NODES: expected"):
         config.resolve({"DET_LAUNCH_MIN_NODES": "0"})
     info = ClusterInfo(("h0", "h1"), 0, (1, 1), (0,), "test")
-    generations.check_min_nodes(None, 0, info)
-    generations.check_min_nodes(2, 1, info)
+    restart_judge.check_min_nodes(None, 0, info)
+    restart_judge.check_min_nodes(2, 1, info)
     with pytest.raises(LaunchError, match=r"^--min-nodes 1 \(DET_LAUNCH_MIN_NODES\) needs "
                                           r"--max-restarts N >= 1"):
-        generations.check_min_nodes(1, 0, info)
+        restart_judge.check_min_nodes(1, 0, info)
     with pytest.raises(LaunchError, match=r"is more than this job's 2 nodes$"):
-        generations.check_min_nodes(3, 1, info)
+        restart_judge.check_min_nodes(3, 1, info)
 
 
 def test_a_rejoin_scales_back_up_without_using_a_restart() -> None:

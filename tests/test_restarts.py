@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from determined_launch.errors import EXIT_PREEMPTED
-from determined_launch.launch import config, generations
+from determined_launch.launch import config, generations, restart_judge
 from determined_launch.supervisor import handoff
 from determined_launch.supervisor.control import ChiefLink, NodeLink
 from determined_launch.supervisor.events import Failure
@@ -112,7 +112,7 @@ def test_a_lost_node_is_not_restarted() -> None:
     d = decide(3, [lost], NONE)
     assert not d.restart and d.why == ("not restarting: the launcher on node 1 (h1) was lost "
                                        "(no heartbeat for 10s); a restart needs every node")
-    r = generations.Restarts(3, lambda: C4, initial=NONE)
+    r = restart_judge.Restarts(3, lambda: C4, initial=NONE)
     assert not r.decide(1, Failure(1, "the launcher", 1, "h1", 1.0, how="was lost")).restart
 
 
@@ -127,7 +127,7 @@ def test_restarts_count_only_this_jobs_checkpoints() -> None:
     """--fresh with an old checkpoint in the run directory: a failure before
     the job's own first checkpoint restarts fresh, not from the old one."""
     newest = [Progress("old", 100)]
-    r = generations.Restarts(3, lambda: newest[0], initial=NONE)
+    r = restart_judge.Restarts(3, lambda: newest[0], initial=NONE)
     fail = Failure(3, "rank 1", 0, "h", 1.0)
     d = r.decide(3, fail)
     assert d.restart and d.resume == NONE

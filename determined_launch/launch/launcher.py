@@ -37,13 +37,9 @@ from determined_launch.errors import EXIT_PREEMPTED, LaunchError
 from determined_launch.launch import config, run_lease, usage
 from determined_launch.launch.bucket_claims import job_name
 from determined_launch.launch.claims import Claims
-from determined_launch.launch.generations import (
-    Generation,
-    check_min_nodes,
-    restart_judge,
-    run_generations,
-)
+from determined_launch.launch.generations import Generation, run_generations
 from determined_launch.launch.output_record import OutputRecord
+from determined_launch.launch.restart_judge import check_min_nodes, restart_judge
 from determined_launch.launch.runtime import (  # noqa: F401  (re-exported: tests and older imports)
     DEFAULT_C10D_PORT,
     _ports,
