@@ -183,7 +183,7 @@ def launches() -> Iterator[list[Launch]]:
                 out, err = "", "(its pipes stayed open)"
             # A test that failed on one launcher (node 1 waiting, say) is explained by
             # the other's output: pytest shows this with the failure.
-            print(f"launcher {launch.proc.args[-1]!r} was still running; stderr tail:\n"
+            print(f"launcher {launch.marker} was still running; stderr tail:\n"
                   f"{err[-4000:]}\nstdout tail:\n{out[-2000:]}")
         launch.kill_leftovers()
 
