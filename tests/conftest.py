@@ -136,8 +136,11 @@ class Launch:
         )
         self.stdout = ""
         self.stderr = ""
+        #: whether the test read its output (``wait``); else the fixture shows it
+        self.collected = False
 
     def wait(self, timeout: float) -> int:
+        self.collected = True
         try:
             self.stdout, self.stderr = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -175,16 +178,20 @@ def launches() -> Iterator[list[Launch]]:
     started: list[Launch] = []
     yield started
     for launch in started:
-        if launch.proc.poll() is None:
-            launch.proc.kill()
+        if not launch.collected:
+            # A test that failed on one launcher (node 1 waiting, say) is explained by the
+            # other's output, even one that exited long ago: pytest shows this with the failure.
+            running = launch.proc.poll() is None
+            if running:
+                launch.proc.kill()
+            launch.kill_leftovers()  # they would hold its pipes open
             try:
                 out, err = launch.proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                out, err = "", "(its pipes stayed open)"
-            # A test that failed on one launcher (node 1 waiting, say) is explained by
-            # the other's output: pytest shows this with the failure.
-            print(f"launcher {launch.marker} was still running; stderr tail:\n"
-                  f"{err[-4000:]}\nstdout tail:\n{out[-2000:]}")
+            except (subprocess.TimeoutExpired, ValueError, OSError):
+                out, err = "", "(its output could not be read)"
+            print(f"launcher {launch.marker} ({'was still running' if running else 'had exited'}, "
+                  f"status {launch.proc.returncode}); stderr tail:\n{err[-4000:]}\n"
+                  f"stdout tail:\n{out[-2000:]}")
         launch.kill_leftovers()
 
 
