@@ -18,6 +18,7 @@ from determined_launch.det import follow, state
 from determined_launch.det.table import format_percent, format_time, render, sizeof_fmt
 from determined_launch.errors import LaunchError
 from determined_launch.exproot import LookupFailed, Root, trial_checkpoints
+from determined_launch.rundir import OUTPUT_FILE
 
 
 def _view(root: Root, ref: str) -> state.View:
@@ -177,7 +178,7 @@ def trial_describe(ns: argparse.Namespace, root: Root) -> int:
 
 def trial_logs(ns: argparse.Namespace, root: Root) -> int:
     ref = root.trial(ns.trial_id)
-    offset = follow.print_log(ref.dir / "output.log", ns.head, ns.tail)
+    offset = follow.print_log(ref.dir / OUTPUT_FILE, ns.head, ns.tail)
     if ns.follow:
         follow.follow_trial(root, ref, offset)
     return 0

@@ -15,6 +15,7 @@ from typing import Optional
 
 from determined_launch.det import state
 from determined_launch.exproot import Root, TrialRef
+from determined_launch.rundir import OUTPUT_FILE
 from determined_launch.ui.study import Studies
 
 POLL = 0.2
@@ -69,7 +70,7 @@ def _trial_running(root: Root, ref: TrialRef, studies: Studies) -> bool:
 
 
 def follow_trial(root: Root, ref: TrialRef, offset: int = 0) -> None:
-    path = ref.dir / "output.log"
+    path = ref.dir / OUTPUT_FILE
     studies = state.new_studies(root.path)
     while True:
         offset = _more(path, offset)

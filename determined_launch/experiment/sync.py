@@ -37,6 +37,7 @@ from typing import BinaryIO, Optional
 
 from determined_launch.core._record_sync import STORAGE_DIR as RUNS_DIR
 from determined_launch.core._record_sync import storage_run_name
+from determined_launch.rundir import OUTPUT_FILE
 
 logger = logging.getLogger("determined_launch.experiment")
 
@@ -44,7 +45,7 @@ logger = logging.getLogger("determined_launch.experiment")
 STORAGE_DIR = "experiments"
 RECORD = "experiment.json"
 JOURNAL = "study.journal"
-LOG = "output.log"
+LOG = OUTPUT_FILE
 #: seconds between uploads of running trials' logs (when they grew)
 LOG_PERIOD = 10.0
 #: seconds between uploads of a changed journal without a state change (heartbeats are

@@ -163,7 +163,7 @@ class TrialProcess:
             self.dir = private_dir(self.dir / f"node{node}")
         self.run_dir = self.dir  # the chief's run directory is the trial's directory
         self.preempt_file = self.dir / "preempt"
-        self.log_path = self.dir / "output.log"
+        self.log_path = self.dir / rundir.OUTPUT_FILE
         self._metric = metric
         self._time_metric = time_metric
         self._followers = [_Follower(self.dir / "validation.jsonl"),

@@ -45,16 +45,16 @@ class RunPages:
         out = []
         for name, path in self.catalog.runs().items():
             try:
-                out.append(self.summary(name, path))
+                out.append(self.summary(name, path, self._exit(path)))
             except Exception as e:  # noqa: BLE001 (one bad run never empties the list)
                 out.append({"name": name, "path": path, "state": "unreadable",
                             "error": printable(f"{type(e).__name__}: {e}")[:500]})
         return out
 
-    def summary(self, name: str, path: str) -> dict[str, Any]:
+    def summary(self, name: str, path: str, ended: Optional[dict[str, Any]]) -> dict[str, Any]:
+        """The run's row; ``ended``: its launcher's exit record (``_exit``), if any."""
         start, last = self.runs_reader.activity(path)
         active = last is not None and time.time() - last < ACTIVE
-        ended = self._exit(path)
         state = "active" if active else "idle"
         if ended is not None:  # the launcher's record of how its job ended (rundir.EXIT_FILE)
             state = outcome.run_state(ended["exit_status"])
@@ -74,8 +74,8 @@ class RunPages:
         path = self.run_dir(name)
         if path is None:
             return None
-        out = {**self.summary(name, path), **self.details(path)}
         ended = self._exit(path)
+        out = {**self.summary(name, path, ended), **self.details(path)}
         if ended is not None:
             if out["exit_status"] is None:
                 out["exit_status"] = ended["exit_status"]
