@@ -182,7 +182,14 @@ def test_detect_under_a_real_mpirun() -> None:
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    rows = sorted(json.loads(line) for line in r.stdout.splitlines())
+    # mpirun forwards both ranks' stdout through one pipe and may join their lines,
+    # so read consecutive JSON documents rather than one per line
+    rows, text, decoder = [], r.stdout.strip(), json.JSONDecoder()
+    while text:
+        row, end = decoder.raw_decode(text)
+        rows.append(row)
+        text = text[end:].lstrip()
+    rows.sort()
     assert rows == [
         ["mpi", 0, ["127.0.0.1", "127.0.0.1"], [1, 1]],
         ["mpi", 1, ["127.0.0.1", "127.0.0.1"], [1, 1]],
