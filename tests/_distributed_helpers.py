@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,15 +24,10 @@ if str(REPO) not in sys.path:  # run as a script
     sys.path.insert(0, str(REPO))
 
 from determined_launch.core import DistributedContext, DistributedError  # noqa: E402
+from tests._ports import free_port  # noqa: E402, F401  (tests import it from here)
 
 SECRET = "test-secret-" + "x" * 20
 BIG = 200_000  # bytes: more than a socket buffer, exercises partial writes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def layouts(cross: int, local: int) -> list[dict[str, int]]:

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ from typing import Any, Optional
 
 import psutil
 import pytest
+
+from tests._ports import free_port_block  # noqa: F401  (tests import it from here)
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -81,31 +82,6 @@ def base_env(**extra: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
-
-
-def free_port_block(n: int = 11) -> int:
-    """A base port such that base..base+n-1 are free right now. The default covers
-    generations 0-2 of a restarting job (each uses C10D_PORT + 4*g .. + 4*g + 2:
-    generations.ports)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s2 = socket.socket()
-                socks.append(s2)
-                s2.bind(("127.0.0.1", p))
-            return int(base)
-        except OSError:
-            continue
-        finally:
-            for s2 in socks:
-                s2.close()
-    raise RuntimeError("no free port block")
 
 
 def write_cluster_info(path: Path, **fields: Any) -> Path:

@@ -28,6 +28,8 @@ from typing import Callable, Optional
 
 import pytest
 
+from tests._ports import free_port
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
 NODES = (("n1", "127.0.0.1"), ("n2", "127.0.0.2"))
 CPUS_PER_NODE = 2
@@ -44,12 +46,6 @@ def _die_with_parent() -> None:
 
 class ClusterUnavailable(Exception):
     """The cluster could not start here; the message says why."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _slurm_conf(d: str, ctld_port: int, node_ports: Sequence[int], munge_socket: str) -> str:
@@ -139,7 +135,7 @@ class SlurmCluster:
         )
         self._wait(lambda: os.path.exists(sock), "munged socket", f"{munge_dir}/munged.log")
 
-        ports = [_free_port() for _ in range(1 + len(NODES))]
+        ports = [free_port() for _ in range(1 + len(NODES))]
         with open(self.conf, "w", encoding="utf-8") as f:
             f.write(_slurm_conf(self.dir, ports[0], ports[1:], sock))
         self.env = {**os.environ, "SLURM_CONF": self.conf}

@@ -28,6 +28,8 @@ from typing import Any, Optional
 
 import pytest
 
+from tests._ports import free_port
+
 S3_KEYS = {"access_key": "testing", "secret_key": "testing"}
 AZURITE_ACCOUNT = "devstoreaccount1"
 # azurite's published development key (not a secret).
@@ -46,18 +48,11 @@ def wait_port(port: int, timeout: float) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
-def _free_port() -> int:
-    # conftest's free_port_block imports this module (fixture registration), so not from there
-    from tests.conftest import free_port_block
-
-    return free_port_block(1)
-
-
 class S3Server:
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
@@ -92,7 +87,7 @@ class Azurite:
         exe = shutil.which("azurite-blob")
         if exe is None:
             pytest.skip("azurite-blob not installed (bash scripts/install_storage.sh)")
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = subprocess.Popen(
             [exe, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location",
              str(workdir), "--silent", "--skipApiVersionCheck", "--loose"],
@@ -171,7 +166,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True

@@ -32,6 +32,7 @@ from determined_launch import values
 from determined_launch.core import trackers
 from determined_launch.errors import LaunchError
 from determined_launch.launch import config
+from tests._ports import free_port
 from tests.conftest import REPO, base_env
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
@@ -40,18 +41,12 @@ pytest.importorskip("wandb")
 _SERVER: dict[str, Any] = {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def _mlflow_started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Start ``mlflow server`` without waiting (its own session, so its uvicorn
     worker goes with it); ``mlflow_uri`` waits for it."""
     root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     env = dict(base_env(), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
@@ -176,7 +171,7 @@ def test_a_dead_tracker_url_lets_training_finish_with_exit_0(tmp_path: Path) -> 
     script = tmp_path / "train.py"
     script.write_text(WORKER)
     # A bare process (the search below passes --report-to through the launchers).
-    env = base_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{_free_port()}",
+    env = base_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{free_port()}",
                    MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", DET_RUN_DIR=str(tmp_path / "run"),
                    DET_REPORT_TO="mlflow")
     r = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
