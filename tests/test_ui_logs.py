@@ -99,13 +99,11 @@ def test_the_experiment_table_marks_a_straggling_trial(tmp_path: pathlib.Path) -
 @pytest.mark.slow
 def test_the_trial_page_searches_its_log_and_shows_checkpoints_and_slow_ranks(
         tmp_path: pathlib.Path) -> None:
-    import os
 
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
-    if not os.path.exists("/usr/bin/chromium"):
-        pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)")
+    from tests._ui_helpers import NAME, chromium, make_experiment, playwright_or_skip
+
+    sync_api = playwright_or_skip()
     pytest.importorskip("optuna")
-    from tests._ui_helpers import NAME, make_experiment
 
     exp = make_experiment(tmp_path / "det_experiments")
     trial = exp / "trials" / "1"
@@ -114,9 +112,7 @@ def test_the_trial_page_searches_its_log_and_shows_checkpoints_and_slow_ranks(
     record_straggler(str(trial), Change(3, True, 0.42, 0.1), 1, "h1", 100.0)
     s = Served(cwd=tmp_path)
     try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+        with chromium() as browser:
             page = browser.new_page()
             page.goto(f"{s.url}experiments/{NAME}/trials/1")
             logs = page.locator("pre.logs").last
@@ -135,6 +131,5 @@ def test_the_trial_page_searches_its_log_and_shows_checkpoints_and_slow_ranks(
             assert SECRET not in page.content()
             sync_api.expect(page.locator("dl.kv").first).to_contain_text("rank 3 on node 1 (h1)")
             sync_api.expect(page.locator("td", has_text="became a straggler")).to_be_visible()
-            browser.close()
     finally:
         s.stop()

@@ -189,41 +189,35 @@ def _set_attr(exp: pathlib.Path, number: int, key: str, value: object) -> None:
 def test_the_pages_say_not_found_and_show_the_asha_pill(served: Served) -> None:
     """Chromium: an unknown experiment is "not found" with a link home, and the
     page stops asking; a stopped trial's pill has its colour; exec's log filter."""
-    from tests.test_ui_browser import ARGS, CHROMIUM
+    from tests._ui_helpers import chromium, playwright_or_skip
 
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("no /usr/bin/chromium")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page()
-            asked: list[str] = []
-            page.on("request", lambda r: asked.append(r.url) if "/nope" in r.url else None)
-            began = time.monotonic()
-            page.goto(f"{served.url}experiments/nope")
-            expect = playwright.expect
-            expect(page.locator("h1")).to_have_text("Not found", timeout=10_000)
-            took = time.monotonic() - began
-            expect(page.get_by_role("link", name="All experiments and runs")).to_be_visible()
-            n = len(asked)
-            time.sleep(2.5)
-            assert len(asked) == n, asked  # it stopped asking once it said "not found"
-            # each answer asked for once, and once more per poll tick (1 s) that came before
-            # the first 404 landed (a loaded machine answers slowly): never polled on
-            assert max(collections.Counter(asked).values()) <= 2 + int(took), (took, asked)
-            page.goto(f"{served.url}experiments/{NAME}")
-            pill = page.locator("tbody .state.stopped-asha")
-            expect(pill).to_have_text("stopped (ASHA)", timeout=10_000)
-            # retried: the page may redraw (new nodes) between finding the pill and reading it
-            expect(pill).to_have_css("background-color", "rgb(254, 243, 199)")
-            page.goto(f"{served.url}experiments/{NAME}/trials/2")
-            head = page.locator(".card").first
-            expect(head).to_contain_text("stopped by the searcher (ASHA) at length 25")
-            assert not re.search(r"exit status 75|resumable \(", head.inner_text())
-            page.goto(f"{served.url}experiments/{NAME}/trials/3")
-            ranks = page.locator("select.ranks")
-            expect(ranks).to_contain_text("not labelled by rank", timeout=10_000)
-            expect(ranks).to_be_disabled()
-        finally:
-            browser.close()
+    playwright = playwright_or_skip()
+    with chromium() as browser:
+        page = browser.new_page()
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url) if "/nope" in r.url else None)
+        began = time.monotonic()
+        page.goto(f"{served.url}experiments/nope")
+        expect = playwright.expect
+        expect(page.locator("h1")).to_have_text("Not found", timeout=10_000)
+        took = time.monotonic() - began
+        expect(page.get_by_role("link", name="All experiments and runs")).to_be_visible()
+        n = len(asked)
+        time.sleep(2.5)
+        assert len(asked) == n, asked  # it stopped asking once it said "not found"
+        # each answer asked for once, and once more per poll tick (1 s) that came before
+        # the first 404 landed (a loaded machine answers slowly): never polled on
+        assert max(collections.Counter(asked).values()) <= 2 + int(took), (took, asked)
+        page.goto(f"{served.url}experiments/{NAME}")
+        pill = page.locator("tbody .state.stopped-asha")
+        expect(pill).to_have_text("stopped (ASHA)", timeout=10_000)
+        # retried: the page may redraw (new nodes) between finding the pill and reading it
+        expect(pill).to_have_css("background-color", "rgb(254, 243, 199)")
+        page.goto(f"{served.url}experiments/{NAME}/trials/2")
+        head = page.locator(".card").first
+        expect(head).to_contain_text("stopped by the searcher (ASHA) at length 25")
+        assert not re.search(r"exit status 75|resumable \(", head.inner_text())
+        page.goto(f"{served.url}experiments/{NAME}/trials/3")
+        ranks = page.locator("select.ranks")
+        expect(ranks).to_contain_text("not labelled by rank", timeout=10_000)
+        expect(ranks).to_be_disabled()

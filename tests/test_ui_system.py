@@ -48,13 +48,11 @@ def test_points_are_capped_per_node() -> None:
 
 def test_the_trial_page_shows_each_nodes_system_metrics(tmp_path: pathlib.Path) -> None:
     """The API row and the page's System section, in Debian's chromium (one page load)."""
-    import os
-
     import pytest
 
     pytest.importorskip("optuna")
     sync_api = pytest.importorskip("playwright.sync_api")
-    from tests._ui_helpers import Served, make_experiment
+    from tests._ui_helpers import Served, chromium, make_experiment, playwright_or_skip
 
     exp = make_experiment(tmp_path / "det_experiments")
     (exp / "trials" / "1" / "profiler.jsonl").write_text(
@@ -65,11 +63,8 @@ def test_the_trial_page_shows_each_nodes_system_metrics(tmp_path: pathlib.Path) 
         nodes = ui.json(f"/api/v1/experiments/{exp.name}/trials/1/system")["nodes"]
         assert [(n["node"], n["latest"]["cpu_util_simple"]) for n in nodes] == [(0, 40.0), (1, 7.0)]
         assert ui.json(f"/api/v1/experiments/{exp.name}/trials/2/system") == {"nodes": []}
-        if not os.path.exists("/usr/bin/chromium"):
-            pytest.skip("no /usr/bin/chromium (bash scripts/install_ui.sh)")
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+        playwright_or_skip()
+        with chromium() as browser:
             page = browser.new_page()
             page.goto(f"{ui.url}experiments/{exp.name}/trials/1")
             section = page.locator("#system")
@@ -81,6 +76,5 @@ def test_the_trial_page_shows_each_nodes_system_metrics(tmp_path: pathlib.Path) 
             # CPU and memory, GPU utilisation, GPU memory; node 1 has one sample: no chart
             sync_api.expect(first.locator(".chart")).to_have_count(3)
             assert section.locator(".system-node").nth(1).locator(".chart").count() == 0
-            browser.close()
     finally:
         ui.stop()
