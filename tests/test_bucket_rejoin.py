@@ -31,7 +31,7 @@ SECRET = "c" * 32
 
 
 def test_a_new_jobs_nodes_start_from_the_checkpoint_of_the_chiefs_claim(
-        s3_server: S3Server, tmp_path: Path) -> None:
+        s3_server: S3Server, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Found by the chaos check on the bucket (``--bucket s3 --seed 303``): with
     every launcher killed and started again (a new job), node 0 resumed from
     its own run directory's checkpoint (step 16) and nodes 1 and 2 from none
@@ -61,6 +61,11 @@ def test_a_new_jobs_nodes_start_from_the_checkpoint_of_the_chiefs_claim(
     node(0, Progress("ck-16", 16))
     worker.join(30)
     assert started == {0: "ck-16", 1: "ck-16"}
+    # node 1's run directory said "start fresh" a moment ago: a line corrects it; the chief's
+    # own checkpoint is the claim's, so it says nothing more
+    said = [line for line in capfd.readouterr().err.splitlines() if "starts from" in line]
+    assert said == ["det-launch: node 1 starts from checkpoint ck-16, the one the chief's claim "
+                    "names, not a fresh start as its own run directory said"], said
 
 
 def wait_for_object(s3: S3Server, bucket: str, name: str, timeout: float) -> None:

@@ -172,19 +172,28 @@ def first_generation(gen: Generation, claims: Claims, ours: Optional[tuple[int, 
     seconds for this job's claim (stamp ``ours`` once known, not the earlier
     job's ``old``); without one it keeps its own."""
     if resume is not None:
-        return dataclasses.replace(
-            gen, info=membership_info(gen.info, gen.members, resume.checkpoint))
+        return _starting_from(gen, resume.checkpoint, "the newest this job published")
     deadline = time.monotonic() + wait
     while True:
         stamp = claims.stamp(0)
         if stamp is not None and (stamp == ours or stamp != old):
             claim = claims.load(0)
             if claim is not None:
-                return dataclasses.replace(
-                    gen, info=membership_info(gen.info, gen.members, claim.checkpoint))
+                return _starting_from(gen, claim.checkpoint, "the one the chief's claim names")
         if time.monotonic() > deadline:
             return gen
         time.sleep(0.1)
+
+
+def _starting_from(gen: Generation, checkpoint: Optional[str], which: str) -> Generation:
+    """``gen`` resuming from ``checkpoint``; a line when that is not what this
+    node's run directory said a moment ago (``info.latest_checkpoint``), so the
+    earlier resume line is not the last word."""
+    own = gen.info.latest_checkpoint
+    if checkpoint != own:
+        _say(f"node {gen.info.container_rank} starts from checkpoint {checkpoint or '(none)'}, "
+             f"{which}, not {own or 'a fresh start'} as its own run directory said")
+    return dataclasses.replace(gen, info=membership_info(gen.info, gen.members, checkpoint))
 
 
 def not_shared(where: object, chief: int, me: Optional[int] = None) -> str:
