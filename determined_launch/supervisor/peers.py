@@ -87,10 +87,10 @@ def node_message(v: Verdict, msg: Mapping[str, Any], now: float, wall: float,
         v.begin_stop("the chief stopped the job", now, wall, out)
         v.set_result(v.chief_cause.status)
     elif kind == Kind.PREEMPT:
-        if v.listening:
-            v.begin_preemption("was asked to preempt by the chief", now, out)
-        else:
-            v.request_preemption("was asked to preempt by the chief", None, now, wall, out)
+        # The chief asks only when its own workers listen, so this node's are late
+        # (still starting: imports, a storage client), not deaf: they get the grace
+        # period too. Stopped at once, the node ended the whole job as interrupted.
+        v.begin_preemption("was asked to preempt by the chief", now, out)
     elif kind == Kind.FINISH:
         v.set_result(_int(msg.get("status"), 1))
         # A services-only node (ssh mode) ends with the chief's job.
