@@ -55,6 +55,18 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
         sys.dont_write_bytecode = before
 
 
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path_factory: pytest.TempPathFactory,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs in a fresh, empty working directory. A job writes its default run
+    directory (``./det_runs/...``) and experiments (``./det_experiments``) where it runs:
+    from the repository root, tests left them there and, worse, one test's job shared its
+    run directory (checkpoints, leases, claims) with another test's job of the same command.
+    Both simulated nodes of one test still share it, as nodes share a file system. Not
+    ``tmp_path``: tests check what their jobs leave there."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(LAUNCH_TMP, ignore_errors=True)
 
